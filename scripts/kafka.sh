@@ -1,0 +1,348 @@
+#!/usr/bin/env bash
+# A real single-node Apache Kafka 4.4.0 broker (KRaft, broker+controller in one JVM) for
+# tests, run straight from the Maven Central jars: no Docker, no Kafka tarball.
+# Needs java >= 17 and mvn (only for the first `fetch`).
+#
+#   scripts/kafka.sh fetch                      jars -> $KAFKA_CACHE_DIR/libs (once)
+#   scripts/kafka.sh start DIR PORT             broker on 127.0.0.1:PORT (controller PORT+1),
+#                                               state in DIR; returns once it serves metadata
+#   scripts/kafka.sh stop DIR                   TERM, up to 20 s, then KILL
+#   scripts/kafka.sh status DIR                 exit 0 if the broker of DIR runs
+#   scripts/kafka.sh create-topic PORT TOPIC PARTITIONS [TopicCommand args...]
+#   scripts/kafka.sh list-topics PORT
+#   scripts/kafka.sh partition [--murmur2] KEY... --partitions N
+#                                               KEY<TAB>PARTITION by the Java client's own
+#                                               code; keys from stdin when none given
+#   scripts/kafka.sh produce PORT TOPIC [--headers]
+#                                               stdin lines "KEY<TAB>VALUE" -> TOPIC (with
+#                                               --headers: "H1:V1,H2:V2<TAB>KEY<TAB>VALUE")
+#   scripts/kafka.sh consume PORT TOPIC OUTFILE [MAX_MESSAGES] [IDLE_MS]
+#                                               JSON lines, see scripts/kafka/DumpTopic.java
+#   scripts/kafka.sh classpath                  print the classpath ("$LIBS/*")
+#
+# Environment: KAFKA_CACHE_DIR (default ~/.cache/booking-expiration/kafka-4.4.0),
+# KAFKA_START_TIMEOUT (s, default 90), KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m),
+# KAFKA_JAVA_OPTS (extra broker JVM options), JAVA_HOME or JAVA, MVN.
+#
+# `start` on a DIR that holds a formatted broker keeps its data (rm -rf DIR for a clean
+# one); `start` on a DIR whose broker is already running only waits for it to be ready.
+set -euo pipefail
+
+# A closed stdin (not /dev/null) would let the JVM reuse fd 0 for a jar file, and
+# `partition` would then read that jar as its keys.
+if { exec 3<&0; } 2>/dev/null; then exec 3<&-; else exec </dev/null; fi
+
+KAFKA_VERSION=4.4.0
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+KDIR="$HERE/kafka"
+CACHE="${KAFKA_CACHE_DIR:-${HOME:-/tmp}/.cache/booking-expiration/kafka-$KAFKA_VERSION}"
+LIBS="$CACHE/libs"
+MARKER="$LIBS/.complete"
+START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+
+if [[ -n "${JAVA:-}" ]]; then
+  :
+elif [[ -n "${JAVA_HOME:-}" && -x "${JAVA_HOME}/bin/java" ]]; then
+  JAVA="$JAVA_HOME/bin/java"
+else
+  JAVA=java
+fi
+read -r -a MVN <<<"${MVN:-mvn}"   # may carry options: MVN="mvn -s settings.xml"
+
+log() { echo "kafka.sh: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+usage() {
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//' >&2
+  exit "${1:-2}"
+}
+
+now() { date +%s; }
+now_ms() { date +%s%3N; }
+since() { local d=$(( $(now_ms) - $1 )); printf '%d.%01d s' $(( d / 1000 )) $(( d % 1000 / 100 )); }
+
+check_java() {
+  command -v "$JAVA" >/dev/null 2>&1 || die "java not found (set JAVA_HOME or JAVA)"
+  local v
+  v="$("$JAVA" -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')"
+  [[ "${v%%.*}" =~ ^[0-9]+$ && "${v%%.*}" -ge 17 ]] || die "Kafka $KAFKA_VERSION needs java >= 17 (found '${v:-?}' at $JAVA)"
+}
+
+pom_sum() { sha256sum "$KDIR/pom.xml" | cut -d' ' -f1; }
+
+libs_ok() { [[ -f "$MARKER" && "$(cat "$MARKER")" == "$(pom_sum)" ]]; }
+
+# fetch: the jars of scripts/kafka/pom.xml into $LIBS, once (again only if pom.xml changed).
+# Downloads into a temporary folder and renames it, so an interrupted fetch leaves nothing
+# half-done; a lock keeps parallel callers from fetching twice.
+cmd_fetch() {
+  libs_ok && return 0
+  command -v "${MVN[0]}" >/dev/null 2>&1 || die "mvn not found: it is needed once to fetch the Kafka jars into $LIBS"
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/.fetch.lock"
+  flock 9
+  if libs_ok; then exec 9>&-; return 0; fi
+  local tmp="$CACHE/libs.tmp.$$" t0
+  t0=$(now_ms)
+  rm -rf "$tmp"
+  log "fetching Kafka $KAFKA_VERSION jars into $LIBS ..."
+  if ! "${MVN[@]}" -q -B -f "$KDIR/pom.xml" dependency:copy-dependencies -DoutputDirectory="$tmp" \
+      >"$CACHE/fetch.log" 2>&1 </dev/null; then
+    cat "$CACHE/fetch.log" >&2
+    rm -rf "$tmp"
+    die "mvn dependency:copy-dependencies failed (log above, also in $CACHE/fetch.log)"
+  fi
+  ls "$tmp"/kafka_2.13-"$KAFKA_VERSION".jar "$tmp"/kafka-clients-"$KAFKA_VERSION".jar \
+     "$tmp"/kafka-tools-"$KAFKA_VERSION".jar "$tmp"/kafka-server-"$KAFKA_VERSION".jar >/dev/null \
+    || die "fetch incomplete: Kafka jars missing in $tmp"
+  pom_sum >"$tmp/.complete"
+  rm -rf "$LIBS"
+  mv "$tmp" "$LIBS"
+  rm -rf "$CACHE"/libs.tmp.* 2>/dev/null || true
+  exec 9>&-
+  local jars=("$LIBS"/*.jar)
+  log "fetched ${#jars[@]} jars ($(du -sh "$LIBS" | cut -f1)) in $(since "$t0")"
+}
+
+ensure_libs() { check_java; libs_ok || cmd_fetch; }
+
+# A short-lived JVM with the Kafka jars: client tools and the two helper programs.
+# (No log4j shutdown hook: the producer's network thread would otherwise log "Unable to
+# register Log4j shutdown hook because JVM is shutting down" at every ConsoleProducer exit.)
+KJAVA=("$JAVA" -XX:+UseSerialGC -XX:TieredStopAtLevel=1
+  -Dlog4j2.configurationFile="$KDIR/tools-log4j2.properties" -Dlog4j2.shutdownHookEnabled=false
+  -cp "$LIBS/*")
+kjava() { "${KJAVA[@]}" "$@"; }
+
+check_port() {
+  [[ "$1" =~ ^[0-9]+$ && "$1" -ge 1 && "$1" -le 65534 ]] || die "bad port '$1'"
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+pid_of() { # DIR -> pid of its running broker, or nothing (exit 1)
+  local pidfile="$1/kafka.pid" pid
+  [[ -f "$pidfile" ]] || return 1
+  pid="$(cat "$pidfile" 2>/dev/null || true)"
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  # the pid must still be our broker, not a reused number
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "kafka.Kafka $1/server.properties" || return 1
+  echo "$pid"
+}
+
+abs_dir() { mkdir -p "$1" && (cd "$1" && pwd -P); }
+
+write_config() { # DIR PORT
+  local dir="$1" port="$2" cport=$(( $2 + 1 ))
+  cat >"$dir/server.properties" <<EOF
+# written by scripts/kafka.sh start: single-node KRaft test broker
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=3
+default.replication.factor=1
+min.insync.replicas=1
+auto.create.topics.enable=false
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=3
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+log.retention.hours=168
+EOF
+}
+
+tail_log() {
+  local f="$1/kafka.log"
+  if [[ -f "$f" ]]; then
+    log "last lines of $f:"
+    tail -n 60 "$f" >&2
+  fi
+}
+
+wait_ready() { # DIR PORT PID
+  local dir="$1" port="$2" pid="$3" deadline=$(( $(now) + START_TIMEOUT ))
+  while :; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail_log "$dir"
+      rm -f "$dir/kafka.pid"
+      die "the broker (pid $pid) exited during start-up"
+    fi
+    if port_open "$port" && \
+       timeout 30 "${KJAVA[@]}" org.apache.kafka.tools.TopicCommand \
+         --bootstrap-server "127.0.0.1:$port" --list \
+         --command-config "$KDIR/admin-client.properties" >/dev/null 2>&1 </dev/null; then
+      return 0
+    fi
+    if (( $(now) >= deadline )); then
+      tail_log "$dir"
+      log "the broker on 127.0.0.1:$port did not answer a metadata request within ${START_TIMEOUT} s: stopping it"
+      cmd_stop "$dir"
+      die "broker start-up timed out"
+    fi
+    sleep 0.5
+  done
+}
+
+cmd_start() {
+  [[ $# -eq 2 ]] || usage
+  local dir port cport pid t0 cid
+  check_port "$2"
+  port="$2"; cport=$(( port + 1 ))
+  dir="$(abs_dir "$1")"
+  t0=$(now_ms)
+  ensure_libs
+
+  if pid="$(pid_of "$dir")"; then
+    grep -qxF "listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport" "$dir/server.properties" \
+      || die "the broker of $dir already runs (pid $pid), but not on port $port: stop it first"
+    log "broker of $dir already running (pid $pid); waiting until it is ready"
+    wait_ready "$dir" "$port" "$pid"
+    log "ready on 127.0.0.1:$port"
+    return 0
+  fi
+  rm -f "$dir/kafka.pid"
+  for p in "$port" "$cport"; do
+    port_open "$p" && die "127.0.0.1:$p is already in use"
+  done
+
+  write_config "$dir" "$port"
+  if [[ ! -f "$dir/data/meta.properties" ]]; then
+    cid="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    [[ "$cid" == -* ]] && cid="A${cid:1}"   # Kafka's own Uuid.randomUuid avoids a leading '-'
+    kjava kafka.tools.StorageTool format -t "$cid" -c "$dir/server.properties" </dev/null \
+      >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "kafka-storage format failed"; }
+  fi
+
+  # shellcheck disable=SC2086
+  nohup "$JAVA" ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} \
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+    -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KDIR/log4j2.properties" \
+    ${KAFKA_JAVA_OPTS:-} \
+    -cp "$LIBS/*" kafka.Kafka "$dir/server.properties" \
+    >"$dir/kafka.log" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$dir/kafka.pid"
+  wait_ready "$dir" "$port" "$pid"
+  log "broker ready on 127.0.0.1:$port (controller 127.0.0.1:$cport, pid $pid, log $dir/kafka.log) in $(since "$t0")"
+}
+
+cmd_stop() {
+  [[ $# -eq 1 ]] || usage
+  local dir pid i
+  [[ -d "$1" ]] || { log "no $1: nothing to stop"; return 0; }
+  dir="$(cd "$1" && pwd -P)"
+  if ! pid="$(pid_of "$dir")"; then
+    rm -f "$dir/kafka.pid"
+    log "broker of $dir is not running"
+    return 0
+  fi
+  kill -TERM "$pid" 2>/dev/null || true
+  for (( i = 0; i < 100; i++ )); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    log "broker (pid $pid) still running after 20 s: KILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for (( i = 0; i < 50; i++ )); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+  fi
+  rm -f "$dir/kafka.pid"
+  log "broker of $dir stopped"
+}
+
+cmd_status() {
+  [[ $# -eq 1 ]] || usage
+  local pid
+  if [[ -d "$1" ]] && pid="$(pid_of "$(cd "$1" && pwd -P)")"; then
+    echo "running (pid $pid)"
+  else
+    echo "not running"
+    return 1
+  fi
+}
+
+cmd_create_topic() {
+  [[ $# -ge 3 ]] || usage
+  check_port "$1"
+  [[ "$3" =~ ^[0-9]+$ && "$3" -ge 1 ]] || die "bad partition count '$3'"
+  ensure_libs
+  local port="$1" topic="$2" parts="$3"
+  shift 3
+  kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
+    --command-config "$KDIR/admin-client.properties" \
+    --create --if-not-exists --topic "$topic" --partitions "$parts" --replication-factor 1 "$@" </dev/null
+}
+
+cmd_list_topics() {
+  [[ $# -eq 1 ]] || usage
+  check_port "$1"
+  ensure_libs
+  kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$1" \
+    --command-config "$KDIR/admin-client.properties" --list </dev/null
+}
+
+cmd_partition() {
+  ensure_libs
+  kjava "$KDIR/Partition.java" "$@"
+}
+
+cmd_produce() {
+  [[ $# -eq 2 || ( $# -eq 3 && "$3" == --headers ) ]] || usage
+  check_port "$1"
+  ensure_libs
+  local hdr=()
+  if [[ $# -eq 3 ]]; then
+    hdr=(--reader-property parse.headers=true --reader-property headers.delimiter=$'\t'
+         --reader-property 'headers.separator=,' --reader-property headers.key.separator=:)
+  fi
+  kjava org.apache.kafka.tools.ConsoleProducer --bootstrap-server "127.0.0.1:$1" --topic "$2" \
+    --reader-property parse.key=true --reader-property key.separator=$'\t' "${hdr[@]}" \
+    --command-property acks=all --command-property linger.ms=0 --sync
+}
+
+cmd_consume() {
+  [[ $# -ge 3 && $# -le 5 ]] || usage
+  check_port "$1"
+  ensure_libs
+  kjava "$KDIR/DumpTopic.java" "127.0.0.1:$1" "${@:2}" </dev/null
+}
+
+main() {
+  [[ $# -ge 1 ]] || usage
+  local cmd="$1"
+  shift
+  case "$cmd" in
+    fetch) [[ $# -eq 0 ]] || usage; check_java; cmd_fetch; echo "$LIBS" ;;
+    start) cmd_start "$@" ;;
+    stop) cmd_stop "$@" ;;
+    status) cmd_status "$@" ;;
+    create-topic) cmd_create_topic "$@" ;;
+    list-topics) cmd_list_topics "$@" ;;
+    partition) cmd_partition "$@" ;;
+    produce) cmd_produce "$@" ;;
+    consume) cmd_consume "$@" ;;
+    classpath) [[ $# -eq 0 ]] || usage; ensure_libs; echo "$LIBS/*" ;;
+    -h|--help|help) usage 0 ;;
+    *) log "unknown command '$cmd'"; usage ;;
+  esac
+}
+
+main "$@"

@@ -1,0 +1,230 @@
+//! The commands, wired from settings to running tasks. `main` only parses
+//! the command line, installs logging and maps errors to exit codes.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    clock::{Clock, SystemClock},
+    config::{self, ConfigError, DatabaseArgs, ExpiryArgs, KafkaArgs, PublisherArgs},
+    db::{self, DbError},
+    expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
+    outbox::{self, KafkaSink, Publisher},
+    telemetry::{Health, Metrics, http},
+};
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Database(#[from] DbError),
+    #[error(transparent)]
+    Http(#[from] http::HttpError),
+    #[error("expiry cycle failed: {0}")]
+    Cycle(#[from] CycleError),
+}
+
+impl AppError {
+    /// Exit status: 2 for bad configuration, 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            AppError::Config(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// `migrate`: applies pending migrations.
+pub async fn migrate(database: &DatabaseArgs) -> Result<Vec<String>, AppError> {
+    let settings = database.settings()?;
+    let applied = db::migrate::run_migrations(&settings).await?;
+    if applied.is_empty() {
+        tracing::info!("schema is up to date");
+    } else {
+        tracing::info!(applied = ?applied, "migrations applied");
+    }
+    Ok(applied)
+}
+
+/// `once`: one cycle, no publishing.
+pub async fn once(
+    database: &DatabaseArgs,
+    expiry: &ExpiryArgs,
+    shutdown: CancellationToken,
+) -> Result<CycleReport, AppError> {
+    let db_settings = database.settings()?;
+    let expiry_settings = expiry.settings()?;
+    let pool = db::connect_pool(&db_settings).await?;
+    let worker = ExpiryWorker::new(
+        pool,
+        Arc::new(SystemClock),
+        expiry_settings,
+        Arc::new(Metrics::new()),
+    );
+    Ok(worker.run_cycle(&shutdown).await?.report)
+}
+
+/// Everything `run` needs, validated.
+pub struct RunArgs<'a> {
+    pub database: &'a DatabaseArgs,
+    pub expiry: &'a ExpiryArgs,
+    pub kafka: &'a KafkaArgs,
+    pub publisher: &'a PublisherArgs,
+    pub metrics_addr: &'a str,
+    pub no_worker: bool,
+    pub no_publisher: bool,
+}
+
+/// Waits for the database at start: in an orchestrated deployment it may
+/// come up after the worker. Every failed attempt is logged with its reason.
+async fn wait_for_database(
+    settings: &config::DatabaseSettings,
+    shutdown: &CancellationToken,
+) -> Result<bool, AppError> {
+    let mut backoff = outbox::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
+    loop {
+        match db::probe(settings).await {
+            Ok(()) => return Ok(true),
+            Err(error) => {
+                let delay = backoff.next_delay();
+                tracing::error!(%error, retry_in_ms = delay.as_millis() as u64, "database not reachable at start");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return Ok(false),
+                    _ = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+}
+
+/// `run`: worker + publisher + HTTP until `shutdown`, then a graceful stop.
+pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), AppError> {
+    let db_settings = args.database.settings()?;
+    let expiry_settings = args.expiry.settings()?;
+    let publisher_settings = args.publisher.settings()?;
+    let kafka_settings = if args.no_publisher {
+        None
+    } else {
+        Some(args.kafka.settings()?)
+    };
+    if args.no_worker && args.no_publisher {
+        return Err(ConfigError {
+            setting: "NO_WORKER",
+            problem: "and NO_PUBLISHER together leave nothing to run".into(),
+        }
+        .into());
+    }
+    let metrics_addr = config::parse_socket_addr("METRICS_ADDR", args.metrics_addr)?;
+
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::new(
+        clock.now(),
+        !args.no_worker,
+        !args.no_publisher,
+    ));
+    let pool = db::build_pool(&db_settings);
+    let listener = http::bind(metrics_addr).await?;
+    tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), "starting");
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(http::serve(
+        listener,
+        http::HttpState {
+            metrics: Arc::clone(&metrics),
+            health: Arc::clone(&health),
+            pool: pool.clone(),
+        },
+        shutdown.clone(),
+    ));
+
+    if !wait_for_database(&db_settings, &shutdown).await? {
+        shutdown.cancel();
+    }
+    let grace = expiry_settings.shutdown_grace
+        + kafka_settings
+            .as_ref()
+            .map_or(Duration::ZERO, |k| k.request_timeout)
+        + Duration::from_secs(5);
+
+    if !args.no_worker && !shutdown.is_cancelled() {
+        let worker = Arc::new(ExpiryWorker::new(
+            pool.clone(),
+            Arc::clone(&clock),
+            expiry_settings.clone(),
+            Arc::clone(&metrics),
+        ));
+        tasks.spawn(scheduler::run(
+            worker,
+            Arc::clone(&clock),
+            Arc::clone(&metrics),
+            Arc::clone(&health),
+            shutdown.clone(),
+        ));
+    }
+    if let Some(kafka_settings) = kafka_settings
+        && !shutdown.is_cancelled()
+    {
+        let wake = Arc::new(Notify::new());
+        tasks.spawn(outbox::listen_for_commits(
+            db_settings.clone(),
+            Arc::clone(&wake),
+            shutdown.clone(),
+        ));
+        let publisher = Publisher::new(
+            pool.clone(),
+            KafkaSink::new(kafka_settings),
+            Arc::clone(&clock),
+            publisher_settings,
+            Arc::clone(&metrics),
+            Arc::clone(&health),
+            expiry_settings.topic.clone(),
+        );
+        let stop = shutdown.clone();
+        tasks.spawn(async move { publisher.run(wake, stop).await });
+    }
+
+    shutdown.cancelled().await;
+    tracing::info!(grace_ms = grace.as_millis() as u64, "stopping");
+    let drained = tokio::time::timeout(grace, async {
+        while let Some(result) = tasks.join_next().await {
+            if let Err(error) = result {
+                tracing::error!(%error, "task ended abnormally");
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!("tasks did not stop within the grace period; aborting them");
+        tasks.abort_all();
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+pub fn cancel_on_signal(token: CancellationToken) {
+    tokio::spawn(async move {
+        let terminate = async {
+            #[cfg(unix)]
+            {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut signal) => {
+                        signal.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            }
+            #[cfg(not(unix))]
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+            _ = terminate => tracing::info!("SIGTERM received"),
+        }
+        token.cancel();
+    });
+}

@@ -1,0 +1,320 @@
+//! The bookings repository: lock due candidates, write transitions with
+//! their audit and outbox rows, count what is due.
+//!
+//! Status values appear as SQL literals, never as parameters: PostgreSQL
+//! can only use a partial index when it can prove the query's predicate
+//! implies the index's `WHERE`, and it cannot do that for a bound value.
+
+use chrono::{DateTime, Utc};
+use diesel::{
+    QueryableByName,
+    sql_types::{Array, BigInt, Binary, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::DbError;
+use crate::{
+    domain::{
+        Booking, BookingId, DealId, Expiry, Phase, PropertyObjectId, RunId, SYSTEM_ACTOR, Status,
+        TenantId, UnknownStatus,
+    },
+    events::OutboxMessage,
+};
+
+/// One `bookings` row as stored.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct BookingRow {
+    #[diesel(sql_type = SqlUuid)]
+    pub id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    pub tenant_id: Uuid,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub deal_id: Option<Uuid>,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub property_object_id: Option<Uuid>,
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub reserve_expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub booking_expires_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub expired_at: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Timestamptz)]
+    pub updated_at: DateTime<Utc>,
+    #[diesel(sql_type = BigInt)]
+    pub version: i64,
+}
+
+impl BookingRow {
+    /// The row as a domain booking; fails only for an unknown status.
+    pub fn to_domain(&self) -> Result<Booking, UnknownStatus> {
+        Ok(Booking {
+            id: BookingId::new(self.id),
+            tenant_id: TenantId::new(self.tenant_id),
+            deal_id: self.deal_id.map(DealId::new),
+            property_object_id: self.property_object_id.map(PropertyObjectId::new),
+            status: self.status.parse::<Status>()?,
+            reserve_expires_at: self.reserve_expires_at,
+            booking_expires_at: self.booking_expires_at,
+            expired_at: self.expired_at,
+            updated_at: self.updated_at,
+            version: self.version,
+        })
+    }
+}
+
+const COLUMNS: &str = "id, tenant_id, deal_id, property_object_id, status, reserve_expires_at, \
+                       booking_expires_at, expired_at, updated_at, version";
+
+/// The predicate of a phase: exactly the partial index's `WHERE` plus the
+/// strict deadline comparison against `$1` (as_of).
+pub const fn due_predicate(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Reserve => "status IN ('Reserved', 'AwaitingPayment') AND reserve_expires_at < $1",
+        Phase::Booking => "status = 'Booked' AND booking_expires_at < $1",
+    }
+}
+
+/// The deadline column of a phase.
+pub const fn deadline_column(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Reserve => "reserve_expires_at",
+        Phase::Booking => "booking_expires_at",
+    }
+}
+
+/// The candidate query of a phase: due rows, oldest deadline first, rows
+/// locked by anyone else skipped without waiting.
+pub fn lock_due_sql(phase: Phase) -> String {
+    format!(
+        "SELECT {COLUMNS} FROM bookings WHERE {predicate} AND id <> ALL($2) \
+         ORDER BY {deadline} LIMIT $3 FOR UPDATE SKIP LOCKED",
+        predicate = due_predicate(phase),
+        deadline = deadline_column(phase),
+    )
+}
+
+/// Locks up to `limit` due rows of `phase`, skipping `exclude` (rows this
+/// cycle already refused). Must run inside the batch's transaction.
+pub async fn lock_due(
+    conn: &mut AsyncPgConnection,
+    phase: Phase,
+    as_of: DateTime<Utc>,
+    limit: u32,
+    exclude: &[Uuid],
+) -> Result<Vec<BookingRow>, DbError> {
+    Ok(diesel::sql_query(lock_due_sql(phase))
+        .bind::<Timestamptz, _>(as_of)
+        .bind::<Array<SqlUuid>, _>(exclude)
+        .bind::<BigInt, _>(i64::from(limit))
+        .load(conn)
+        .await?)
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+/// Due rows of `phase` other than `exclude`. Run in the batch's
+/// transaction right after [`lock_due`] with the ids it returned, it
+/// counts the due rows someone else holds locked.
+pub async fn count_due_excluding(
+    conn: &mut AsyncPgConnection,
+    phase: Phase,
+    as_of: DateTime<Utc>,
+    exclude: &[Uuid],
+) -> Result<i64, DbError> {
+    let sql = format!(
+        "SELECT count(*) AS count FROM bookings WHERE {} AND id <> ALL($2)",
+        due_predicate(phase)
+    );
+    let row: Count = diesel::sql_query(sql)
+        .bind::<Timestamptz, _>(as_of)
+        .bind::<Array<SqlUuid>, _>(exclude)
+        .get_result(conn)
+        .await?;
+    Ok(row.count)
+}
+
+/// Due rows of `phase` at `as_of` (the backlog).
+pub async fn count_due(
+    conn: &mut AsyncPgConnection,
+    phase: Phase,
+    as_of: DateTime<Utc>,
+) -> Result<i64, DbError> {
+    count_due_excluding(conn, phase, as_of, &[]).await
+}
+
+/// The oldest due deadline of `phase`, if any row is due.
+pub async fn oldest_due_deadline(
+    conn: &mut AsyncPgConnection,
+    phase: Phase,
+    as_of: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, DbError> {
+    #[derive(QueryableByName)]
+    struct Oldest {
+        #[diesel(sql_type = Nullable<Timestamptz>)]
+        oldest: Option<DateTime<Utc>>,
+    }
+    let sql = format!(
+        "SELECT min({}) AS oldest FROM bookings WHERE {}",
+        deadline_column(phase),
+        due_predicate(phase)
+    );
+    let row: Oldest = diesel::sql_query(sql)
+        .bind::<Timestamptz, _>(as_of)
+        .get_result(conn)
+        .await?;
+    Ok(row.oldest)
+}
+
+/// Due rows of `phase` the domain will refuse (legacy rows without
+/// `deal_id` or `property_object_id`), oldest first.
+pub async fn due_poison_rows(
+    conn: &mut AsyncPgConnection,
+    phase: Phase,
+    as_of: DateTime<Utc>,
+    limit: u32,
+) -> Result<Vec<BookingRow>, DbError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM bookings WHERE {} \
+         AND (deal_id IS NULL OR property_object_id IS NULL) ORDER BY {} LIMIT $2",
+        due_predicate(phase),
+        deadline_column(phase)
+    );
+    Ok(diesel::sql_query(sql)
+        .bind::<Timestamptz, _>(as_of)
+        .bind::<BigInt, _>(i64::from(limit))
+        .load(conn)
+        .await?)
+}
+
+/// One transition to persist with its outbox message.
+#[derive(Debug, Clone)]
+pub struct ExpiryWrite {
+    /// The version the row had when it was read.
+    pub read_version: i64,
+    pub expiry: Expiry,
+    pub message: OutboxMessage,
+}
+
+/// The transitions, their audit rows and their outbox rows in one
+/// statement. Each update is conditioned on the version and status that
+/// were read, so a row changed by anyone else since is left alone and gets
+/// neither audit nor outbox row. Returns the ids actually expired.
+const PERSIST_SQL: &str = "\
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::uuid[],
+                         $6::uuid[], $7::text[], $8::bytea[], $9::jsonb[])
+        AS t(id, read_version, from_status, to_status, tenant_id,
+             event_id, message_key, payload, headers)
+), updated AS (
+    UPDATE bookings b
+       SET status = i.to_status, expired_at = $10, updated_at = $10, version = b.version + 1
+      FROM input i
+     WHERE b.id = i.id AND b.version = i.read_version AND b.status = i.from_status
+    RETURNING b.id
+), audited AS (
+    INSERT INTO booking_expiration_audit
+           (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at)
+    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $11, $12, $10
+      FROM input i JOIN updated u ON u.id = i.id
+), queued AS (
+    INSERT INTO booking_expiration_outbox
+           (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
+    SELECT i.event_id, $13, i.message_key, i.payload, i.headers, $12, i.tenant_id, $10
+      FROM input i JOIN updated u ON u.id = i.id
+)
+SELECT id FROM updated";
+
+#[derive(QueryableByName)]
+struct UpdatedId {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+}
+
+/// Persists a batch of transitions (see [`PERSIST_SQL`]). Must run inside
+/// the transaction that locked the rows.
+pub async fn persist_expiries(
+    conn: &mut AsyncPgConnection,
+    as_of: DateTime<Utc>,
+    run_id: RunId,
+    topic: &str,
+    writes: &[ExpiryWrite],
+) -> Result<Vec<Uuid>, DbError> {
+    if writes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let n = writes.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut read_versions = Vec::with_capacity(n);
+    let mut from_statuses = Vec::with_capacity(n);
+    let mut to_statuses = Vec::with_capacity(n);
+    let mut tenant_ids = Vec::with_capacity(n);
+    let mut event_ids = Vec::with_capacity(n);
+    let mut keys = Vec::with_capacity(n);
+    let mut payloads = Vec::with_capacity(n);
+    let mut headers = Vec::with_capacity(n);
+    for write in writes {
+        let event = &write.expiry.event;
+        ids.push(event.booking_id.as_uuid());
+        read_versions.push(write.read_version);
+        from_statuses.push(event.from_status.as_str());
+        to_statuses.push(event.to_status.as_str());
+        tenant_ids.push(event.tenant_id.as_uuid());
+        event_ids.push(write.message.event_id);
+        keys.push(write.message.key.as_str());
+        payloads.push(write.message.payload.as_slice());
+        headers.push(serde_json::Value::Object(
+            write
+                .message
+                .headers
+                .iter()
+                .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
+                .collect(),
+        ));
+    }
+    let updated: Vec<UpdatedId> = diesel::sql_query(PERSIST_SQL)
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<BigInt>, _>(&read_versions)
+        .bind::<Array<Text>, _>(&from_statuses)
+        .bind::<Array<Text>, _>(&to_statuses)
+        .bind::<Array<SqlUuid>, _>(&tenant_ids)
+        .bind::<Array<SqlUuid>, _>(&event_ids)
+        .bind::<Array<Text>, _>(&keys)
+        .bind::<Array<Binary>, _>(&payloads)
+        .bind::<Array<Jsonb>, _>(&headers)
+        .bind::<Timestamptz, _>(as_of)
+        .bind::<Text, _>(SYSTEM_ACTOR)
+        .bind::<SqlUuid, _>(run_id.as_uuid())
+        .bind::<Text, _>(topic)
+        .load(conn)
+        .await?;
+    Ok(updated.into_iter().map(|row| row.id).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SQL literals must be exactly the domain's active statuses.
+    #[test]
+    fn predicates_name_the_domain_statuses() {
+        for phase in Phase::ALL {
+            let predicate = due_predicate(phase);
+            for status in Status::ALL {
+                let quoted = format!("'{}'", status.as_str());
+                assert_eq!(
+                    predicate.contains(&quoted),
+                    phase.active_statuses().contains(&status),
+                    "{phase} / {status}"
+                );
+            }
+            assert!(predicate.contains(&format!("{} < $1", deadline_column(phase))));
+        }
+    }
+}

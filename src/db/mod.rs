@@ -1,0 +1,42 @@
+//! PostgreSQL access: the pool, the embedded migrations and the two
+//! repositories. All SQL of the worker lives under this module; every value
+//! reaches SQL as a bound parameter.
+
+pub mod bookings;
+pub mod migrate;
+pub mod outbox;
+mod pool;
+
+pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, probe};
+
+use std::time::Duration;
+
+/// Errors of the persistence layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    #[error("cannot connect to PostgreSQL: {0}")]
+    Connect(#[source] diesel::ConnectionError),
+    #[error("no PostgreSQL connection within {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("no pooled PostgreSQL connection: {0}")]
+    Pool(String),
+    #[error("statement failed: {0}")]
+    Query(#[from] diesel::result::Error),
+    #[error("migration failed: {0}")]
+    Migration(String),
+}
+
+impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for DbError {
+    fn from(error: bb8::RunError<diesel_async::pooled_connection::PoolError>) -> Self {
+        match error {
+            bb8::RunError::User(diesel_async::pooled_connection::PoolError::ConnectionError(e)) => {
+                DbError::Connect(e)
+            }
+            bb8::RunError::User(diesel_async::pooled_connection::PoolError::QueryError(e)) => {
+                DbError::Query(e)
+            }
+            bb8::RunError::TimedOut => DbError::Pool("timed out waiting for a connection".into()),
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The bb8 pool of diesel-async connections, with per-session limits so a
+//! stuck statement or an abandoned transaction cannot hold row locks for long.
+
+use std::time::Duration;
+
+use diesel::ConnectionError;
+use diesel_async::{
+    AsyncConnection, AsyncPgConnection, SimpleAsyncConnection,
+    pooled_connection::{AsyncDieselConnectionManager, ManagerConfig},
+};
+use futures_util::FutureExt;
+
+use super::DbError;
+use crate::config::DatabaseSettings;
+
+pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
+pub type PooledConnection<'a> =
+    bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
+
+/// Session settings applied to every new connection.
+fn session_setup_sql(statement_timeout: Duration) -> String {
+    let statement_ms = statement_timeout.as_millis().max(1);
+    // Locks are taken with SKIP LOCKED and never waited for; the lock
+    // timeout only bounds DDL-style surprises. An idle transaction (a
+    // process frozen mid-batch) is ended by the server so its row locks
+    // return to the other instances.
+    format!(
+        "SET application_name = 'booking-expiration'; \
+         SET statement_timeout = {statement_ms}; \
+         SET lock_timeout = {statement_ms}; \
+         SET idle_in_transaction_session_timeout = {idle_ms}; \
+         SET TIME ZONE 'UTC';",
+        idle_ms = statement_ms * 2,
+    )
+}
+
+async fn establish_with(url: &str, setup_sql: &str) -> Result<AsyncPgConnection, ConnectionError> {
+    let mut conn = AsyncPgConnection::establish(url).await?;
+    conn.batch_execute(setup_sql)
+        .await
+        .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
+    Ok(conn)
+}
+
+/// One connection outside the pool (migrations, LISTEN), with the same
+/// session settings and a connect timeout.
+pub async fn establish(settings: &DatabaseSettings) -> Result<AsyncPgConnection, DbError> {
+    let setup = session_setup_sql(settings.statement_timeout);
+    tokio::time::timeout(
+        settings.connect_timeout,
+        establish_with(settings.url.expose(), &setup),
+    )
+    .await
+    .map_err(|_| DbError::ConnectTimeout(settings.connect_timeout))?
+    .map_err(DbError::Connect)
+}
+
+/// Opens and closes one connection: a wrong URL, password or host is
+/// reported with the server's own reason instead of a pool timeout.
+pub async fn probe(settings: &DatabaseSettings) -> Result<(), DbError> {
+    drop(establish(settings).await?);
+    Ok(())
+}
+
+/// Probes, then builds the pool.
+pub async fn connect_pool(settings: &DatabaseSettings) -> Result<PgPool, DbError> {
+    probe(settings).await?;
+    Ok(build_pool(settings))
+}
+
+/// Builds the pool without connecting; connections open on first use.
+pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
+    let setup = session_setup_sql(settings.statement_timeout);
+    let mut config = ManagerConfig::<AsyncPgConnection>::default();
+    config.custom_setup = Box::new(move |url| {
+        let url = url.to_owned();
+        let setup = setup.clone();
+        async move { establish_with(&url, &setup).await }.boxed()
+    });
+    let manager = AsyncDieselConnectionManager::new_with_config(settings.url.expose(), config);
+    bb8::Pool::builder()
+        .max_size(settings.pool_size)
+        .connection_timeout(settings.connect_timeout)
+        .build_unchecked(manager)
+}

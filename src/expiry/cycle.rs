@@ -1,0 +1,379 @@
+//! One expiry cycle: lock, transition, audit, outbox, commit, batch after
+//! batch, for both phases.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use chrono::{DateTime, Utc};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use crate::{
+    clock::Clock,
+    config::ExpirySettings,
+    db::{
+        DbError, PgPool,
+        bookings::{self, ExpiryWrite},
+    },
+    domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
+    events,
+    telemetry::Metrics,
+};
+
+/// The result of a cycle, exactly the JSON line `once` prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CycleReport {
+    pub reserve_expired_count: u64,
+    pub booking_expired_count: u64,
+    pub skipped_locked_count: u64,
+    pub duration_ms: u64,
+}
+
+/// The report plus what logs and tests need besides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CycleOutcome {
+    pub run_id: RunId,
+    pub as_of: DateTime<Utc>,
+    pub report: CycleReport,
+    /// Rows the domain refused (left untouched for the next cycle).
+    pub poison_count: u64,
+    /// Rows whose version or status changed between read and write.
+    pub version_conflicts: u64,
+    pub batches: u32,
+    /// Stopped early: the time budget ran out while batches were still full.
+    pub budget_exhausted: bool,
+}
+
+/// Why a cycle ended without completing. Batches committed before the
+/// error stay committed; the failed batch rolled back whole.
+#[derive(Debug, thiserror::Error)]
+pub enum CycleError {
+    #[error("database error in the {phase} phase: {source}")]
+    Database {
+        phase: Phase,
+        #[source]
+        source: DbError,
+    },
+    #[error("cannot get a database connection: {0}")]
+    Connection(#[source] DbError),
+    #[error("stopped by shutdown")]
+    Cancelled,
+}
+
+/// What one committed batch did.
+#[derive(Debug, Default)]
+struct BatchResult {
+    selected: usize,
+    expired: Vec<BookingExpired>,
+    refused: Vec<(Uuid, ExpireError)>,
+    unknown_status: Vec<(Uuid, String)>,
+    conflicts: Vec<Uuid>,
+    skipped_locked: u64,
+}
+
+/// Per-phase progress within a cycle.
+#[derive(Debug, Default)]
+struct PhaseProgress {
+    finished: bool,
+    batches: u32,
+    /// Refused rows: excluded from this cycle's later batches so they can
+    /// never starve the rows behind them.
+    refused_ids: Vec<Uuid>,
+}
+
+/// The expiry worker: owns the pool handle, the clock, the settings.
+pub struct ExpiryWorker {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    settings: ExpirySettings,
+    metrics: Arc<Metrics>,
+    subscribers: Vec<Arc<dyn DomainEventSubscriber>>,
+}
+
+impl ExpiryWorker {
+    pub fn new(
+        pool: PgPool,
+        clock: Arc<dyn Clock>,
+        settings: ExpirySettings,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            pool,
+            clock,
+            settings,
+            metrics,
+            subscribers: Vec::new(),
+        }
+    }
+
+    /// Adds an in-process subscriber of committed `BookingExpired` events.
+    pub fn subscribe(mut self, subscriber: Arc<dyn DomainEventSubscriber>) -> Self {
+        self.subscribers.push(subscriber);
+        self
+    }
+
+    pub fn settings(&self) -> &ExpirySettings {
+        &self.settings
+    }
+
+    /// One cycle with `as_of` from the clock and a fresh run id.
+    pub async fn run_cycle(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<CycleOutcome, CycleError> {
+        self.run_cycle_at(self.clock.now(), RunId::generate(), shutdown)
+            .await
+    }
+
+    /// One cycle at a given `as_of`.
+    pub async fn run_cycle_at(
+        &self,
+        as_of: DateTime<Utc>,
+        run_id: RunId,
+        shutdown: &CancellationToken,
+    ) -> Result<CycleOutcome, CycleError> {
+        let span = tracing::info_span!("expiry_cycle", run_id = %run_id, correlation_id = %run_id);
+        self.cycle(as_of, run_id, shutdown).instrument(span).await
+    }
+
+    async fn cycle(
+        &self,
+        as_of: DateTime<Utc>,
+        run_id: RunId,
+        shutdown: &CancellationToken,
+    ) -> Result<CycleOutcome, CycleError> {
+        let started = Instant::now();
+        tracing::info!(%as_of, "cycle started");
+        let mut conn = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return Err(CycleError::Cancelled),
+            conn = self.pool.get() => conn.map_err(|e| CycleError::Connection(e.into()))?,
+        };
+        let mut outcome = CycleOutcome {
+            run_id,
+            as_of,
+            report: CycleReport::default(),
+            poison_count: 0,
+            version_conflicts: 0,
+            batches: 0,
+            budget_exhausted: false,
+        };
+        let mut progress = [PhaseProgress::default(), PhaseProgress::default()];
+        // Phases take turns batch by batch, so a large backlog in one phase
+        // cannot use up the budget before the other phase had a batch.
+        while progress.iter().any(|p| !p.finished) {
+            for (phase, state) in Phase::ALL.into_iter().zip(progress.iter_mut()) {
+                if state.finished {
+                    continue;
+                }
+                if shutdown.is_cancelled() {
+                    return Err(CycleError::Cancelled);
+                }
+                if started.elapsed() >= self.settings.cycle_budget {
+                    outcome.budget_exhausted = true;
+                    tracing::warn!(
+                        budget_ms = self.settings.cycle_budget.as_millis() as u64,
+                        "cycle budget used up with full batches; the next cycle continues"
+                    );
+                    return Ok(self.finish(outcome, started));
+                }
+                let batch = self
+                    .batch_with_grace(
+                        &mut conn,
+                        phase,
+                        as_of,
+                        run_id,
+                        &state.refused_ids,
+                        shutdown,
+                    )
+                    .await?;
+                state.batches += 1;
+                outcome.batches += 1;
+                self.after_commit(phase, &batch, &mut outcome);
+                state
+                    .refused_ids
+                    .extend(batch.refused.iter().map(|(id, _)| *id));
+                state
+                    .refused_ids
+                    .extend(batch.unknown_status.iter().map(|(id, _)| *id));
+                if batch.selected < self.settings.batch_size as usize
+                    || state.batches >= self.settings.max_batches_per_cycle
+                {
+                    state.finished = true;
+                }
+            }
+        }
+        Ok(self.finish(outcome, started))
+    }
+
+    fn finish(&self, mut outcome: CycleOutcome, started: Instant) -> CycleOutcome {
+        let elapsed = started.elapsed();
+        outcome.report.duration_ms = elapsed.as_millis() as u64;
+        self.metrics
+            .cycle_duration_seconds
+            .observe(elapsed.as_secs_f64());
+        let report = outcome.report;
+        tracing::info!(
+            reserve_expired_count = report.reserve_expired_count,
+            booking_expired_count = report.booking_expired_count,
+            skipped_locked_count = report.skipped_locked_count,
+            skipped_locked = report.skipped_locked_count,
+            poison_count = outcome.poison_count,
+            version_conflicts = outcome.version_conflicts,
+            batches = outcome.batches,
+            duration_ms = report.duration_ms,
+            "cycle completed"
+        );
+        outcome
+    }
+
+    /// Runs one batch. On shutdown the batch gets `shutdown_grace` to
+    /// commit; after that it is dropped, which discards the connection
+    /// mid-transaction so the server rolls the batch back whole.
+    async fn batch_with_grace(
+        &self,
+        conn: &mut AsyncPgConnection,
+        phase: Phase,
+        as_of: DateTime<Utc>,
+        run_id: RunId,
+        exclude: &[Uuid],
+        shutdown: &CancellationToken,
+    ) -> Result<BatchResult, CycleError> {
+        let grace = self.settings.shutdown_grace;
+        let deadline = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            biased;
+            result = self.run_batch(conn, phase, as_of, run_id, exclude) => {
+                result.map_err(|source| CycleError::Database { phase, source })
+            }
+            _ = deadline => {
+                tracing::warn!(%phase, "batch did not finish within the shutdown grace; rolled back");
+                Err(CycleError::Cancelled)
+            }
+        }
+    }
+
+    async fn run_batch(
+        &self,
+        conn: &mut AsyncPgConnection,
+        phase: Phase,
+        as_of: DateTime<Utc>,
+        run_id: RunId,
+        exclude: &[Uuid],
+    ) -> Result<BatchResult, DbError> {
+        let settings = &self.settings;
+        conn.transaction(async |conn| {
+            let rows = bookings::lock_due(conn, phase, as_of, settings.batch_size, exclude).await?;
+            tracing::info!(%phase, count = rows.len(), "batch selected");
+            let mut result = BatchResult {
+                selected: rows.len(),
+                ..BatchResult::default()
+            };
+            let mut writes = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let booking = match row.to_domain() {
+                    Ok(booking) => booking,
+                    Err(unknown) => {
+                        result.unknown_status.push((row.id, unknown.to_string()));
+                        continue;
+                    }
+                };
+                match booking.expire(as_of) {
+                    Ok(expiry) => writes.push(ExpiryWrite {
+                        read_version: row.version,
+                        message: events::outbox_message(&expiry.event, run_id, &settings.ce_source),
+                        expiry,
+                    }),
+                    Err(error) => result.refused.push((row.id, error)),
+                }
+            }
+            let updated =
+                bookings::persist_expiries(conn, as_of, run_id, &settings.topic, &writes).await?;
+            for write in writes {
+                let id = write.expiry.event.booking_id.as_uuid();
+                if updated.contains(&id) {
+                    result.expired.push(write.expiry.event);
+                } else {
+                    result.conflicts.push(id);
+                }
+            }
+            // A short batch means every due row we could lock is in it, so
+            // the due rows still outside it are held by someone else.
+            if rows.len() < settings.batch_size as usize {
+                let mut seen: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+                seen.extend_from_slice(exclude);
+                let others = bookings::count_due_excluding(conn, phase, as_of, &seen).await?;
+                result.skipped_locked = u64::try_from(others).unwrap_or(0);
+            }
+            Ok(result)
+        })
+        .await
+    }
+
+    /// Logs, counts and dispatches a committed batch.
+    fn after_commit(&self, phase: Phase, batch: &BatchResult, outcome: &mut CycleOutcome) {
+        for (booking_id, error) in &batch.refused {
+            tracing::error!(%booking_id, %phase, %error, "item failed: booking refused by the domain, left for the next cycle");
+        }
+        for (booking_id, error) in &batch.unknown_status {
+            tracing::error!(%booking_id, %phase, %error, "item failed: unreadable booking row, left for the next cycle");
+        }
+        for booking_id in &batch.conflicts {
+            tracing::warn!(%booking_id, %phase, "booking changed since it was read; left as it is");
+        }
+        let refused = (batch.refused.len() + batch.unknown_status.len()) as u64;
+        outcome.poison_count += refused;
+        outcome.version_conflicts += batch.conflicts.len() as u64;
+        outcome.report.skipped_locked_count += batch.skipped_locked;
+        let expired = batch.expired.len() as u64;
+        match phase {
+            Phase::Reserve => outcome.report.reserve_expired_count += expired,
+            Phase::Booking => outcome.report.booking_expired_count += expired,
+        }
+        self.metrics.errors.inc_by(refused);
+        self.metrics.skip_locked.inc_by(batch.skipped_locked);
+        self.metrics
+            .items
+            .get_or_create(&phase.into())
+            .inc_by(expired);
+        for event in &batch.expired {
+            tracing::info!(
+                booking_id = %event.booking_id,
+                deal_id = %event.deal_id,
+                phase = %event.phase,
+                tenant_id = %event.tenant_id,
+                "booking expired"
+            );
+        }
+        if !batch.expired.is_empty() {
+            for subscriber in &self.subscribers {
+                subscriber.on_booking_expired(&batch.expired);
+            }
+        }
+    }
+
+    /// Due bookings not yet expired at `now` (the backlog gauge).
+    pub async fn measure_backlog(&self) -> Result<i64, DbError> {
+        let now = self.clock.now();
+        let mut conn = self.pool.get().await?;
+        let mut total = 0;
+        for phase in Phase::ALL {
+            total += bookings::count_due(&mut conn, phase, now).await?;
+        }
+        self.metrics.backlog.set(total);
+        Ok(total)
+    }
+
+    /// The interval between cycles.
+    pub fn interval(&self) -> Duration {
+        self.settings.interval
+    }
+}

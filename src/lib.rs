@@ -1,0 +1,27 @@
+//! `booking-expiration`: the crm background worker that moves active
+//! bookings whose timer passed into their terminal expired status and
+//! announces each expiry as a `BookingExpiredEvent` on Kafka through a
+//! transactional outbox.
+//!
+//! # Layout
+//!
+//! - [`domain`]: pure rules — statuses, phases, `Booking::expire(as_of)`,
+//!   the `BookingExpired` event. No I/O.
+//! - [`events`]: domain event → protobuf value, Kafka key, CloudEvents headers.
+//! - [`db`]: the pool, embedded migrations, the bookings and outbox
+//!   repositories. All SQL lives here.
+//! - [`expiry`]: one cycle (`run_cycle`) and the scheduler that repeats it.
+//! - [`outbox`]: the publisher (claim, produce, mark) and its Kafka sink.
+//! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.
+//! - [`config`]: typed, validated settings; [`clock`]: the time seam.
+//! - [`app`]: wiring of the commands used by the binary.
+
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod db;
+pub mod domain;
+pub mod events;
+pub mod expiry;
+pub mod outbox;
+pub mod telemetry;

@@ -1,0 +1,153 @@
+//! A deliberately small HTTP/1.1 server for `/metrics`, `/healthz` and
+//! `/readyz`: GET only, one request per connection, bounded reads and
+//! timeouts, so a scraper or a probe can never tie up the process.
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use chrono::Utc;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream},
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{Health, Metrics};
+use crate::db::PgPool;
+
+/// Liveness window: no successful cycle for longer is unhealthy (spec §6).
+pub const LIVENESS_WINDOW: Duration = Duration::from_secs(300);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_REQUEST_BYTES: usize = 8 * 1024;
+const DB_PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct HttpState {
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub pool: PgPool,
+}
+
+/// Errors of the HTTP layer.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("cannot listen on METRICS_ADDR {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds the listener (fails fast at start on a taken port).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, HttpError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Serves until `shutdown` fires.
+pub async fn serve(listener: TcpListener, state: HttpState, shutdown: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(REQUEST_TIMEOUT, handle(stream, state)).await;
+                });
+            }
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn handle(mut stream: TcpStream, state: HttpState) -> std::io::Result<()> {
+    let mut buffer = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    while !buffer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 || buffer.len() + n > MAX_REQUEST_BYTES {
+            break;
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+    let request = String::from_utf8_lossy(&buffer);
+    let mut parts = request.lines().next().unwrap_or("").split_whitespace();
+    let method = parts.next().unwrap_or("");
+    let path = parts.next().unwrap_or("").split('?').next().unwrap_or("");
+    let (status, content_type, body) = if method != "GET" && method != "HEAD" {
+        (405, "text/plain", "method not allowed\n".to_owned())
+    } else {
+        route(path, &state).await
+    };
+    let reason = match status {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        _ => "Service Unavailable",
+    };
+    let head = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    if method != "HEAD" {
+        stream.write_all(body.as_bytes()).await?;
+    }
+    stream.shutdown().await
+}
+
+async fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
+    match path {
+        "/metrics" => (
+            200,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            state.metrics.encode(),
+        ),
+        "/healthz" => {
+            if state.health.is_live(Utc::now(), LIVENESS_WINDOW) {
+                (200, "text/plain", "ok\n".to_owned())
+            } else {
+                (
+                    503,
+                    "text/plain",
+                    "no successful expiry cycle within 5 minutes\n".to_owned(),
+                )
+            }
+        }
+        "/readyz" => {
+            let database = ping_database(&state.pool).await;
+            let broker = state.health.broker_ready();
+            let body = format!(
+                "database: {}\nbroker: {}\n",
+                if database { "ok" } else { "unreachable" },
+                if broker { "ok" } else { "unreachable" }
+            );
+            (
+                if database && broker { 200 } else { 503 },
+                "text/plain",
+                body,
+            )
+        }
+        _ => (404, "text/plain", "not found\n".to_owned()),
+    }
+}
+
+async fn ping_database(pool: &PgPool) -> bool {
+    use diesel_async::RunQueryDsl;
+    let ping = async {
+        let mut conn = pool.get().await.ok()?;
+        diesel::sql_query("SELECT 1").execute(&mut *conn).await.ok()
+    };
+    matches!(
+        tokio::time::timeout(DB_PING_TIMEOUT, ping).await,
+        Ok(Some(_))
+    )
+}

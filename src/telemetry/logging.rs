@@ -1,0 +1,33 @@
+//! tracing setup: human-readable on a terminal, JSON with `LOG_FORMAT=json`,
+//! level from `RUST_LOG` (default `info`). Logs go to stderr so stdout stays
+//! clean for `once`'s JSON line.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+
+/// Installs the global subscriber. Call once, in `main`.
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    let registry = tracing_subscriber::registry().with(filter);
+    if json {
+        registry
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_current_span(true)
+                    .with_span_list(false)
+                    .with_writer(std::io::stderr),
+            )
+            .init();
+    } else {
+        registry
+            .with(
+                fmt::layer()
+                    .with_ansi(std::io::stderr().is_terminal())
+                    .with_writer(std::io::stderr),
+            )
+            .init();
+    }
+}

@@ -1,0 +1,186 @@
+//! The Prometheus metrics of the worker and the publisher. One [`Metrics`]
+//! is built in `main` and passed to every task; nothing is global.
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use crate::domain::Phase;
+
+/// The `phase` label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    pub phase: &'static str,
+}
+
+impl From<Phase> for PhaseLabel {
+    fn from(phase: Phase) -> Self {
+        Self {
+            phase: phase.as_str(),
+        }
+    }
+}
+
+/// Every metric the process exports. Counters are registered without the
+/// `_total` suffix because the OpenMetrics encoder appends it.
+pub struct Metrics {
+    registry: Registry,
+    pub cycle_duration_seconds: Histogram,
+    pub items: Family<PhaseLabel, Counter>,
+    pub backlog: Gauge,
+    pub skip_locked: Counter,
+    pub errors: Counter,
+    pub cycles_failed: Counter,
+    pub last_success_timestamp_seconds: Gauge,
+    pub outbox_unpublished: Gauge,
+    pub outbox_oldest_unpublished_age_seconds: Gauge,
+    pub outbox_published: Counter,
+    pub outbox_publish_errors: Counter,
+    pub outbox_produce_duration_seconds: Histogram,
+    pub outbox_commit_to_ack_seconds: Histogram,
+    pub outbox_deleted: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let cycle_duration_seconds = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]);
+        let latency_buckets = [
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ];
+        let outbox_produce_duration_seconds = Histogram::new(latency_buckets);
+        let outbox_commit_to_ack_seconds = Histogram::new(latency_buckets);
+        let metrics = Self {
+            cycle_duration_seconds,
+            items: Family::default(),
+            backlog: Gauge::default(),
+            skip_locked: Counter::default(),
+            errors: Counter::default(),
+            cycles_failed: Counter::default(),
+            last_success_timestamp_seconds: Gauge::default(),
+            outbox_unpublished: Gauge::default(),
+            outbox_oldest_unpublished_age_seconds: Gauge::default(),
+            outbox_published: Counter::default(),
+            outbox_publish_errors: Counter::default(),
+            outbox_produce_duration_seconds,
+            outbox_commit_to_ack_seconds,
+            outbox_deleted: Counter::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "crm_booking_expiration_cycle_duration_seconds",
+            "Duration of one expiry cycle",
+            metrics.cycle_duration_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_items",
+            "Bookings expired, by phase",
+            metrics.items.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_backlog",
+            "Active bookings whose deadline passed and that are not expired yet",
+            metrics.backlog.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_skip_locked",
+            "Due bookings skipped because another transaction held their row lock",
+            metrics.skip_locked.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_errors",
+            "Poison bookings refused by the domain plus failed cycles",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_cycles_failed",
+            "Cycles that ended with an infrastructure error",
+            metrics.cycles_failed.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_last_success_timestamp_seconds",
+            "Unix time of the last cycle that completed without an infrastructure error",
+            metrics.last_success_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_unpublished",
+            "Outbox rows not yet published to Kafka",
+            metrics.outbox_unpublished.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_oldest_unpublished_age_seconds",
+            "Age of the oldest unpublished outbox row (outbox lag)",
+            metrics.outbox_oldest_unpublished_age_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_published",
+            "Outbox rows acknowledged by Kafka",
+            metrics.outbox_published.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_publish_errors",
+            "Publish attempts that failed (rows stay in the outbox)",
+            metrics.outbox_publish_errors.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_produce_duration_seconds",
+            "Duration of one produce round to Kafka",
+            metrics.outbox_produce_duration_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_commit_to_ack_seconds",
+            "Time from an outbox row's commit to the broker's acknowledgement",
+            metrics.outbox_commit_to_ack_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_deleted",
+            "Published outbox rows removed by retention",
+            metrics.outbox_deleted.clone(),
+        );
+        Self {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_the_specified_names() {
+        let metrics = Metrics::new();
+        metrics.items.get_or_create(&Phase::Reserve.into()).inc();
+        let text = metrics.encode();
+        for name in [
+            "crm_booking_expiration_cycle_duration_seconds_bucket",
+            "crm_booking_expiration_items_total{phase=\"reserve\"} 1",
+            "crm_booking_expiration_backlog ",
+            "crm_booking_expiration_skip_locked_total ",
+            "crm_booking_expiration_errors_total ",
+            "crm_booking_expiration_outbox_oldest_unpublished_age_seconds ",
+        ] {
+            assert!(text.contains(name), "{name} missing in\n{text}");
+        }
+    }
+}
