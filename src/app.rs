@@ -12,19 +12,19 @@ use crate::{
     db::{self, DbError},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
     outbox::{self, KafkaSink, Publisher},
-    telemetry::{Health, Metrics, http},
+    telemetry::{ErrorChain, Health, Metrics, http},
 };
 
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("invalid configuration: {0}")]
+    #[error("invalid configuration")]
     Config(#[from] ConfigError),
     #[error(transparent)]
     Database(#[from] DbError),
     #[error(transparent)]
     Http(#[from] http::HttpError),
-    #[error("expiry cycle failed: {0}")]
+    #[error("expiry cycle failed")]
     Cycle(#[from] CycleError),
 }
 
@@ -91,7 +91,7 @@ async fn wait_for_database(
             Ok(()) => return Ok(true),
             Err(error) => {
                 let delay = backoff.next_delay();
-                tracing::error!(%error, retry_in_ms = delay.as_millis() as u64, "database not reachable at start");
+                tracing::error!(error = %ErrorChain(&error), retry_in_ms = delay.as_millis() as u64, "database not reachable at start");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(false),
                     _ = tokio::time::sleep(delay) => {}

@@ -6,6 +6,7 @@ pub mod bookings;
 pub mod migrate;
 pub mod outbox;
 mod pool;
+pub mod seed;
 
 pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, probe};
 
@@ -15,13 +16,13 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DbError {
-    #[error("cannot connect to PostgreSQL: {0}")]
+    #[error("cannot connect to PostgreSQL")]
     Connect(#[source] diesel::ConnectionError),
     #[error("no PostgreSQL connection within {0:?}")]
     ConnectTimeout(Duration),
     #[error("no pooled PostgreSQL connection: {0}")]
     Pool(String),
-    #[error("statement failed: {0}")]
+    #[error("statement failed")]
     Query(#[from] diesel::result::Error),
     #[error("migration failed: {0}")]
     Migration(String),

@@ -53,13 +53,13 @@ pub struct CycleOutcome {
 /// error stay committed; the failed batch rolled back whole.
 #[derive(Debug, thiserror::Error)]
 pub enum CycleError {
-    #[error("database error in the {phase} phase: {source}")]
+    #[error("database error in the {phase} phase")]
     Database {
         phase: Phase,
         #[source]
         source: DbError,
     },
-    #[error("cannot get a database connection: {0}")]
+    #[error("cannot get a database connection")]
     Connection(#[source] DbError),
     #[error("stopped by shutdown")]
     Cancelled,

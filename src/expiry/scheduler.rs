@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::{CycleError, ExpiryWorker};
 use crate::{
     clock::Clock,
-    telemetry::{Health, Metrics},
+    telemetry::{ErrorChain, Health, Metrics},
 };
 
 /// Runs cycles until `shutdown`; returns once the current cycle ended.
@@ -39,11 +39,11 @@ pub async fn run(
             Err(error) => {
                 metrics.errors.inc();
                 metrics.cycles_failed.inc();
-                tracing::error!(error = %error, cause = ?std::error::Error::source(&error), "cycle failed; the next cycle retries");
+                tracing::error!(error = %ErrorChain(&error), "cycle failed; the next cycle retries");
             }
         }
         if let Err(error) = worker.measure_backlog().await {
-            tracing::warn!(%error, "backlog not measured");
+            tracing::warn!(error = %ErrorChain(&error), "backlog not measured");
         }
     }
     tracing::info!("expiry worker stopped");

@@ -21,7 +21,10 @@ use rskafka::{
 };
 use tokio::sync::Mutex;
 
-use crate::config::{Compression, KafkaSettings, SaslMechanism};
+use crate::{
+    config::{Compression, KafkaSettings, SaslMechanism},
+    telemetry::ErrorChain,
+};
 
 /// How long a topic's partition count is trusted before it is looked up again.
 const METADATA_TTL: Duration = Duration::from_secs(60);
@@ -30,7 +33,7 @@ const METADATA_TTL: Duration = Duration::from_secs(60);
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KafkaError {
-    #[error("cannot reach Kafka at {servers}: {source}")]
+    #[error("cannot reach Kafka at {servers}")]
     Connect {
         servers: String,
         #[source]
@@ -45,7 +48,7 @@ pub enum KafkaError {
         operation: &'static str,
         timeout: Duration,
     },
-    #[error("Kafka {operation} failed: {source}")]
+    #[error("Kafka {operation} failed")]
     Request {
         operation: &'static str,
         #[source]
@@ -194,7 +197,9 @@ impl KafkaSink {
                     "topic created"
                 ),
                 // Another instance may have created it first; the lookup below decides.
-                Err(error) => tracing::warn!(topic, %error, "topic creation failed"),
+                Err(error) => {
+                    tracing::warn!(topic, error = %ErrorChain(&error), "topic creation failed")
+                }
             }
             count = self.partition_count(client, topic).await?;
         }

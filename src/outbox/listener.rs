@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::Backoff;
-use crate::{config::DatabaseSettings, db};
+use crate::{config::DatabaseSettings, db, telemetry::ErrorChain};
 
 /// The channel `booking_expiration_outbox_notify()` notifies.
 pub const CHANNEL: &str = "booking_expiration_outbox";
@@ -28,7 +28,7 @@ pub async fn listen_for_commits(
         match listen_once(&settings, &wake, &shutdown).await {
             Ok(()) => return,
             Err(error) => {
-                tracing::warn!(%error, "outbox LISTEN connection lost; polling until it is back");
+                tracing::warn!(error = %ErrorChain(&error), "outbox LISTEN connection lost; polling until it is back");
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tokio::time::sleep(backoff.next_delay()) => {}

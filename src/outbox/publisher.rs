@@ -22,7 +22,7 @@ use crate::{
     clock::Clock,
     config::PublisherSettings,
     db::{DbError, PgPool, outbox},
-    telemetry::{Health, Metrics},
+    telemetry::{ErrorChain, Health, Metrics},
 };
 
 const STATS_INTERVAL: Duration = Duration::from_secs(5);
@@ -196,14 +196,14 @@ impl Publisher {
                     }
                     wake_on_commit = false;
                     let delay = backoff.next_delay();
-                    tracing::error!(%error, retry_in_ms = delay.as_millis() as u64, "outbox publish failed; rows stay in the outbox");
+                    tracing::error!(error = %ErrorChain(&error), retry_in_ms = delay.as_millis() as u64, "outbox publish failed; rows stay in the outbox");
                     Some(delay)
                 }
             };
             if due(last_stats, STATS_INTERVAL) {
                 last_stats = Some(Instant::now());
                 if let Err(error) = self.refresh_stats().await {
-                    tracing::warn!(%error, "outbox stats not refreshed");
+                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
                 }
             }
             if !self.settings.retention.is_zero() && due(last_retention, RETENTION_INTERVAL) {
@@ -213,7 +213,9 @@ impl Publisher {
                     Ok(deleted) => {
                         tracing::info!(deleted, "published outbox rows removed by retention")
                     }
-                    Err(error) => tracing::warn!(%error, "outbox retention sweep failed"),
+                    Err(error) => {
+                        tracing::warn!(error = %ErrorChain(&error), "outbox retention sweep failed")
+                    }
                 }
             }
             let Some(wait) = wait else { continue };
@@ -223,7 +225,7 @@ impl Publisher {
                     Ok(_) => self.health.set_broker_reachable(true),
                     Err(error) => {
                         self.health.set_broker_reachable(false);
-                        tracing::warn!(%error, "Kafka check failed");
+                        tracing::warn!(error = %ErrorChain(&error), "Kafka check failed");
                     }
                 }
             }

@@ -31,7 +31,7 @@ pub struct HttpState {
 /// Errors of the HTTP layer.
 #[derive(Debug, thiserror::Error)]
 pub enum HttpError {
-    #[error("cannot listen on METRICS_ADDR {addr}: {source}")]
+    #[error("cannot listen on METRICS_ADDR {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The test command. Starts a throwaway PostgreSQL (Debian's package,
+# installed when missing) and a single-node Apache Kafka 4.4.0 (jars from
+# Maven Central, run on the machine's Java 17) unless DATABASE_URL /
+# KAFKA_BOOTSTRAP_SERVERS already point at running ones, runs the whole
+# suite, and stops what it started.
+#
+#   bash scripts/test.sh [cargo test arguments...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/booking-expiration-test.XXXXXX")"
+chmod 755 "$work" # the postgres OS user owns the cluster inside
+started_pg=""
+started_kafka=""
+cleanup() {
+  local status=$?
+  [[ -n "$started_kafka" ]] && bash scripts/kafka.sh stop "$work/kafka" || true
+  [[ -n "$started_pg" ]] && bash scripts/postgres.sh stop "$work/pg" || true
+  if [[ $status -ne 0 ]]; then
+    echo "test.sh: logs kept in $work" >&2
+  else
+    rm -rf "$work"
+  fi
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+read -r pg_port kafka_port < <(python3 scripts/free-port.py 2)
+
+if [[ -z "${DATABASE_URL:-}" ]]; then
+  # Durability off: a throwaway cluster for tests only (benchmarks use defaults).
+  DATABASE_URL="$(bash scripts/postgres.sh start "$work/pg" "$pg_port" \
+    -c fsync=off -c synchronous_commit=off -c full_page_writes=off)"
+  export DATABASE_URL
+  started_pg=1
+  echo "test.sh: PostgreSQL on 127.0.0.1:$pg_port" >&2
+fi
+if [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then
+  bash scripts/kafka.sh start "$work/kafka" "$kafka_port"
+  export KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:$kafka_port"
+  started_kafka=1
+  echo "test.sh: Kafka on $KAFKA_BOOTSTRAP_SERVERS" >&2
+fi
+
+cargo test --workspace --locked "$@"

@@ -1,0 +1,113 @@
+//! Synthetic bookings for the demo, the benchmarks and load tests: a mix
+//! of both phases, some already due, the rest due over the next minutes,
+//! plus terminal rows that the worker must never touch.
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Interval, Timestamptz};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+
+use super::DbError;
+
+/// What to insert.
+#[derive(Debug, Clone)]
+pub struct SeedPlan {
+    /// Active bookings (Reserved / AwaitingPayment / Booked in turn).
+    pub active: u64,
+    /// Share of the active bookings already due at `as_of` (0.0–1.0).
+    pub due_fraction: f64,
+    /// Terminal or inactive rows (expired, cancelled, confirmed).
+    pub inactive: u64,
+    /// Due rows without `deal_id` (poison).
+    pub poison: u64,
+    /// Reference time: due rows have deadlines up to 10 minutes before it.
+    pub as_of: DateTime<Utc>,
+    /// Not-yet-due deadlines are spread uniformly over this span after `as_of`.
+    pub spread: std::time::Duration,
+}
+
+impl SeedPlan {
+    pub fn due(&self) -> u64 {
+        ((self.active as f64) * self.due_fraction.clamp(0.0, 1.0)).round() as u64
+    }
+}
+
+/// Inserts the plan's rows in chunks; returns the number of rows inserted.
+pub async fn seed(conn: &mut AsyncPgConnection, plan: &SeedPlan) -> Result<u64, DbError> {
+    const CHUNK: u64 = 50_000;
+    let due = plan.due();
+    let spread = diesel::data_types::PgInterval::from_microseconds(
+        i64::try_from(plan.spread.as_micros()).unwrap_or(i64::MAX),
+    );
+    let mut inserted = 0;
+    let mut start = 0;
+    while start < plan.active {
+        let end = (start + CHUNK).min(plan.active);
+        inserted += diesel::sql_query(ACTIVE_SQL)
+            .bind::<BigInt, _>(start as i64 + 1)
+            .bind::<BigInt, _>(end as i64)
+            .bind::<BigInt, _>(due as i64)
+            .bind::<Timestamptz, _>(plan.as_of)
+            .bind::<Interval, _>(spread)
+            .execute(conn)
+            .await? as u64;
+        start = end;
+    }
+    let mut start = 0;
+    while start < plan.inactive {
+        let end = (start + CHUNK).min(plan.inactive);
+        inserted += diesel::sql_query(INACTIVE_SQL)
+            .bind::<BigInt, _>(start as i64 + 1)
+            .bind::<BigInt, _>(end as i64)
+            .bind::<Timestamptz, _>(plan.as_of)
+            .execute(conn)
+            .await? as u64;
+        start = end;
+    }
+    if plan.poison > 0 {
+        inserted += diesel::sql_query(POISON_SQL)
+            .bind::<BigInt, _>(plan.poison as i64)
+            .bind::<Timestamptz, _>(plan.as_of)
+            .execute(conn)
+            .await? as u64;
+    }
+    diesel::sql_query("ANALYZE bookings").execute(conn).await?;
+    Ok(inserted)
+}
+
+/// Rows `$1..=$2`; the first `$3` are due (deadlines in the 10 minutes
+/// before `$4`), the rest spread over `$5` after it.
+const ACTIVE_SQL: &str = "\
+INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
+                      reserve_expires_at, booking_expires_at, created_at, updated_at, version)
+SELECT gen_random_uuid(),
+       ('00000000-0000-4000-8000-' || lpad((i % 20)::text, 12, '0'))::uuid,
+       gen_random_uuid(), gen_random_uuid(),
+       s.status,
+       CASE WHEN s.status <> 'Booked' THEN d.deadline END,
+       CASE WHEN s.status = 'Booked' THEN d.deadline ELSE d.deadline + interval '7 days' END,
+       $4 - interval '1 day', $4 - interval '1 day', 1
+  FROM generate_series($1::bigint, $2::bigint) AS i
+ CROSS JOIN LATERAL (SELECT (ARRAY['Reserved', 'AwaitingPayment', 'Booked'])[1 + (i % 3)::int] AS status) s
+ CROSS JOIN LATERAL (SELECT CASE WHEN i <= $3
+                                 THEN $4 - random() * interval '10 minutes' - interval '1 millisecond'
+                                 ELSE $4 + random() * $5 + interval '1 millisecond' END AS deadline) d";
+
+/// Terminal and inactive rows with past deadlines: never to be touched.
+const INACTIVE_SQL: &str = "\
+INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
+                      reserve_expires_at, booking_expires_at, expired_at, created_at, updated_at, version)
+SELECT gen_random_uuid(),
+       ('00000000-0000-4000-8000-' || lpad((i % 20)::text, 12, '0'))::uuid,
+       gen_random_uuid(), gen_random_uuid(),
+       (ARRAY['ReserveExpired', 'BookingExpired', 'Cancelled', 'Confirmed'])[1 + (i % 4)::int],
+       $3 - interval '30 days', $3 - interval '20 days', NULL,
+       $3 - interval '40 days', $3 - interval '20 days', 3
+  FROM generate_series($1::bigint, $2::bigint) AS i";
+
+/// Legacy rows: due Reserved bookings without a deal.
+const POISON_SQL: &str = "\
+INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
+                      reserve_expires_at, created_at, updated_at, version)
+SELECT gen_random_uuid(), '00000000-0000-4000-8000-000000000000', NULL, gen_random_uuid(),
+       'Reserved', $2 - interval '1 hour', $2 - interval '2 days', $2 - interval '2 days', 1
+  FROM generate_series(1, $1::bigint)";
