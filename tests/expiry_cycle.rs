@@ -489,7 +489,7 @@ async fn stale_version_is_not_written_and_gets_no_event() {
         message: booking_expiration::events::outbox_message(&expiry.event, run_id, "/test"),
         expiry,
     };
-    let updated = bookings::persist_expiries(&mut conn, as_of, run_id, "t", &[write])
+    let updated = bookings::persist_expiries(&mut conn, as_of, as_of, run_id, "t", &[write])
         .await
         .unwrap();
     assert!(updated.is_empty());

@@ -226,7 +226,7 @@ WITH input AS (
 ), queued AS (
     INSERT INTO booking_expiration_outbox
            (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
-    SELECT i.event_id, $13, i.message_key, i.payload, i.headers, $12, i.tenant_id, $10
+    SELECT i.event_id, $13, i.message_key, i.payload, i.headers, $12, i.tenant_id, $14
       FROM input i JOIN updated u ON u.id = i.id
 )
 SELECT id FROM updated";
@@ -238,10 +238,13 @@ struct UpdatedId {
 }
 
 /// Persists a batch of transitions (see [`PERSIST_SQL`]). Must run inside
-/// the transaction that locked the rows.
+/// the transaction that locked the rows. `written_at` (the clock now, close
+/// to the commit) becomes the outbox rows' `created_at`, the start of the
+/// outbox lag.
 pub async fn persist_expiries(
     conn: &mut AsyncPgConnection,
     as_of: DateTime<Utc>,
+    written_at: DateTime<Utc>,
     run_id: RunId,
     topic: &str,
     writes: &[ExpiryWrite],
@@ -292,6 +295,7 @@ pub async fn persist_expiries(
         .bind::<Text, _>(SYSTEM_ACTOR)
         .bind::<SqlUuid, _>(run_id.as_uuid())
         .bind::<Text, _>(topic)
+        .bind::<Timestamptz, _>(written_at)
         .load(conn)
         .await?;
     Ok(updated.into_iter().map(|row| row.id).collect())

@@ -295,8 +295,15 @@ impl ExpiryWorker {
                     Err(error) => result.refused.push((row.id, error)),
                 }
             }
-            let updated =
-                bookings::persist_expiries(conn, as_of, run_id, &settings.topic, &writes).await?;
+            let updated = bookings::persist_expiries(
+                conn,
+                as_of,
+                self.clock.now(),
+                run_id,
+                &settings.topic,
+                &writes,
+            )
+            .await?;
             for write in writes {
                 let id = write.expiry.event.booking_id.as_uuid();
                 if updated.contains(&id) {

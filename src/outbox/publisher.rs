@@ -93,13 +93,16 @@ impl Publisher {
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
                 let created: Vec<_> = rows.iter().map(|r| r.created_at).collect();
                 let mut by_topic: BTreeMap<String, Vec<OutgoingRecord>> = BTreeMap::new();
+                // The broker rejects timestamps far from its own clock, so the
+                // record carries the publish time; the event time is `ce_time`.
+                let produced_at = self.clock.now();
                 for row in rows {
                     let headers = row.header_pairs().into_iter().collect();
                     by_topic.entry(row.topic).or_default().push(OutgoingRecord {
                         key: row.message_key,
                         value: row.payload,
                         headers,
-                        timestamp: row.created_at,
+                        timestamp: produced_at,
                     });
                 }
                 let started = Instant::now();
