@@ -388,7 +388,7 @@ pub async fn read_topic(topic: &str, partitions: i32) -> Vec<ConsumedRecord> {
             if let Some(last) = records.last() {
                 offset = last.offset + 1;
             }
-            if offset >= high_watermark || records.is_empty() && offset >= high_watermark {
+            if records.is_empty() || offset >= high_watermark {
                 break;
             }
         }
