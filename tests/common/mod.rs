@@ -90,6 +90,15 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> Self {
+        let db = Self::empty().await;
+        db::migrate::run_migrations(&db.settings)
+            .await
+            .expect("migrations apply");
+        db
+    }
+
+    /// A fresh database without the schema.
+    pub async fn empty() -> Self {
         let admin = admin_url();
         let name = format!("be_test_{}", Uuid::new_v4().simple());
         let mut conn = AsyncPgConnection::establish(&admin)
@@ -103,10 +112,7 @@ impl TestDb {
         url.set_path(&format!("/{name}"));
         let url = url.to_string();
         let settings = database_settings(&url);
-        db::migrate::run_migrations(&settings)
-            .await
-            .expect("migrations apply");
-        let pool = db::connect_pool(&settings).await.expect("pool");
+        let pool = db::build_pool(&settings);
         Self {
             name,
             url,
@@ -431,4 +437,131 @@ pub fn java_partitions(keys: &[String], partitions: i32) -> BTreeMap<String, i32
             )
         })
         .collect()
+}
+
+/// The binary under test.
+pub fn binary() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_booking-expiration"));
+    for name in [
+        "DATABASE_URL",
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "KAFKA_TOPIC",
+        "EXPIRATION_INTERVAL",
+        "EXPIRATION_BATCH_SIZE",
+        "METRICS_ADDR",
+    ] {
+        command.env_remove(name);
+    }
+    command.env("RUST_LOG", "info");
+    command
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP GET; returns (status, body), or None while nothing listens.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// Sends SIGTERM to a child process.
+pub fn terminate(child: &std::process::Child) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// Waits for a child to exit, killing it after `timeout`.
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process did not exit within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A running binary: its stderr is drained on a thread (a full pipe would
+/// block the process) and it is killed if the test fails before stopping it.
+pub struct Running {
+    pub child: std::process::Child,
+    stderr: Arc<std::sync::Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn spawn(mut command: std::process::Command) -> Self {
+        command.stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().expect("spawn the binary");
+        let mut pipe = child.stderr.take().expect("stderr pipe");
+        let stderr = Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let reader = std::io::BufReader::new(&mut pipe);
+            for line in reader.lines().map_while(Result::ok) {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Self {
+            child,
+            stderr,
+            reader: Some(reader),
+        }
+    }
+
+    /// Everything written to stderr so far (all of it once exited).
+    pub fn stderr(&mut self) -> String {
+        if self.child.try_wait().ok().flatten().is_some()
+            && let Some(reader) = self.reader.take()
+        {
+            let _ = reader.join();
+        }
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn terminate(&self) {
+        terminate(&self.child);
+    }
+
+    pub async fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        wait_exit(&mut self.child, timeout).await
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }

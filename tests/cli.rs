@@ -1,0 +1,349 @@
+//! The binary as operators use it (spec §9): commands, the JSON line of
+//! `once`, exit codes, configuration errors, graceful stop.
+
+mod common;
+
+use std::{process::Stdio, time::Duration};
+
+use common::*;
+
+fn stderr_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent() {
+    let db = TestDb::empty().await;
+    for _ in 0..2 {
+        let output = binary()
+            .arg("migrate")
+            .env("DATABASE_URL", &db.url)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", stderr_of(&output));
+    }
+    for table in [
+        "bookings",
+        "booking_expiration_audit",
+        "booking_expiration_outbox",
+    ] {
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) AS n FROM information_schema.tables WHERE table_name = '{table}'"
+            ))
+            .await,
+            1
+        );
+    }
+    for index in [
+        "ix_bookings_reserve_expires_at",
+        "ix_bookings_booking_expires_at",
+    ] {
+        assert_eq!(
+            db.count(&format!(
+                "SELECT count(*) AS n FROM pg_indexes WHERE indexname = '{index}'"
+            ))
+            .await,
+            1
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_prints_exactly_the_report_line() {
+    let db = TestDb::new().await;
+    let now = chrono::Utc::now();
+    db.insert_all(&[
+        NewBooking::new("Reserved").reserve_deadline(now - chrono::Duration::minutes(1)),
+        NewBooking::new("AwaitingPayment").reserve_deadline(now - chrono::Duration::minutes(2)),
+        NewBooking::new("Booked").booking_deadline(now - chrono::Duration::minutes(3)),
+        NewBooking::new("Booked").booking_deadline(now + chrono::Duration::hours(1)),
+    ])
+    .await;
+    let output = binary()
+        .arg("once")
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 1, "one line: {stdout:?}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let keys: Vec<&str> = report
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "booking_expired_count",
+            "duration_ms",
+            "reserve_expired_count",
+            "skipped_locked_count"
+        ]
+    );
+    assert_eq!(report["reserve_expired_count"], 2);
+    assert_eq!(report["booking_expired_count"], 1);
+    assert_eq!(report["skipped_locked_count"], 0);
+    assert!(report["duration_ms"].is_u64());
+    assert!(
+        stdout.starts_with("{\"reserve_expired_count\":"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_once_processes_expire_each_booking_exactly_once() {
+    let db = TestDb::new().await;
+    db.seed_due(10_000, chrono::Utc::now()).await;
+    let spawn = || {
+        binary()
+            .arg("once")
+            .env("DATABASE_URL", &db.url)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let mut total = 0;
+    for child in [a, b] {
+        let output = child.wait_with_output().unwrap();
+        assert!(output.status.success());
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        total += report["reserve_expired_count"].as_u64().unwrap()
+            + report["booking_expired_count"].as_u64().unwrap();
+    }
+    assert_eq!(total, 10_000);
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM bookings WHERE version <> 2")
+            .await,
+        0
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        10_000
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_audit")
+            .await,
+        10_000
+    );
+}
+
+#[test]
+fn bad_configuration_exits_2_with_one_line_naming_the_setting() {
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (&["once"], &[], "DATABASE_URL"),
+        (
+            &["once"],
+            &[("DATABASE_URL", "mysql://u:hunter2@h/db")],
+            "DATABASE_URL",
+        ),
+        (
+            &["once"],
+            &[("DATABASE_URL", "postgres://u:hunter2@/db")],
+            "DATABASE_URL",
+        ),
+        (
+            &["once"],
+            &[("DATABASE_URL", "not a url hunter2")],
+            "DATABASE_URL",
+        ),
+        (
+            &["once"],
+            &[
+                ("DATABASE_URL", "postgres://u:hunter2@h/db"),
+                ("EXPIRATION_BATCH_SIZE", "0"),
+            ],
+            "EXPIRATION_BATCH_SIZE",
+        ),
+        (
+            &["once"],
+            &[
+                ("DATABASE_URL", "postgres://u:hunter2@h/db"),
+                ("EXPIRATION_BATCH_SIZE", "-3"),
+            ],
+            "EXPIRATION_BATCH_SIZE",
+        ),
+        (
+            &["once"],
+            &[
+                ("DATABASE_URL", "postgres://u:hunter2@h/db"),
+                ("EXPIRATION_INTERVAL", "soon"),
+            ],
+            "EXPIRATION_INTERVAL",
+        ),
+        (
+            &["run"],
+            &[("DATABASE_URL", "postgres://u:hunter2@h/db")],
+            "KAFKA_BOOTSTRAP_SERVERS",
+        ),
+        (
+            &["run"],
+            &[
+                ("DATABASE_URL", "postgres://u:hunter2@h/db"),
+                ("KAFKA_BOOTSTRAP_SERVERS", "localhost"),
+            ],
+            "KAFKA_BOOTSTRAP_SERVERS",
+        ),
+        (
+            &["run"],
+            &[
+                ("DATABASE_URL", "postgres://u:hunter2@h/db"),
+                ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                ("METRICS_ADDR", "everywhere"),
+            ],
+            "METRICS_ADDR",
+        ),
+        (&["migrate"], &[("DATABASE_URL", "")], "DATABASE_URL"),
+    ];
+    for (args, env, setting) in cases {
+        let mut command = binary();
+        command.args(*args);
+        for (name, value) in *env {
+            command.env(name, value);
+        }
+        let output = command.output().unwrap();
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?} {env:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(stderr.contains(setting), "names {setting}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "no password: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(output.stdout.is_empty());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_password_and_unreachable_database_fail_clearly() {
+    let mut url = url::Url::parse(&admin_url()).unwrap();
+    url.set_password(Some("definitely-wrong-pw")).unwrap();
+    let output = binary()
+        .arg("once")
+        .env("DATABASE_URL", url.as_str())
+        .output()
+        .unwrap();
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("password authentication failed"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("definitely-wrong-pw"), "{stderr}");
+
+    let dead = format!("postgres://u:hunter2@127.0.0.1:{}/db", free_port());
+    let started = std::time::Instant::now();
+    let output = binary()
+        .arg("once")
+        .env("DATABASE_URL", &dead)
+        .output()
+        .unwrap();
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot connect to PostgreSQL"), "{stderr}");
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
+    let db = TestDb::new().await;
+    db.seed_due(500, chrono::Utc::now()).await;
+    let topic = create_topic(3).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut command = binary();
+    command
+        .arg("run")
+        .env("DATABASE_URL", &db.url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
+        .env("KAFKA_TOPIC", &topic)
+        .env("EXPIRATION_INTERVAL", "1s")
+        .env("METRICS_ADDR", &addr)
+        .env("LOG_FORMAT", "json");
+    let mut running = Running::spawn(command);
+    wait_until("every event on Kafka", Duration::from_secs(60), || async {
+        db.count(
+            "SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL",
+        )
+        .await
+            == 500
+    })
+    .await;
+    let (status, metrics) = http_get(&addr, "/metrics").await.expect("metrics served");
+    assert_eq!(status, 200);
+    for line in [
+        "crm_booking_expiration_items_total{phase=\"reserve\"}",
+        "crm_booking_expiration_items_total{phase=\"booking\"}",
+        "crm_booking_expiration_cycle_duration_seconds_count",
+        "crm_booking_expiration_backlog",
+        "crm_booking_expiration_skip_locked_total",
+        "crm_booking_expiration_errors_total",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    let expired: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("crm_booking_expiration_items_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(expired, 500, "items_total moved");
+    assert_eq!(http_get(&addr, "/healthz").await.unwrap().0, 200);
+    wait_until("readiness", Duration::from_secs(10), || async {
+        http_get(&addr, "/readyz")
+            .await
+            .is_some_and(|(s, _)| s == 200)
+    })
+    .await;
+    assert_eq!(read_topic(&topic, 3).await.len(), 500);
+
+    running.terminate();
+    let status = running.wait(Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(0), "graceful stop exits 0");
+    let stderr = running.stderr();
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let message = |m: &'static str| lines.iter().filter(move |l| l["fields"]["message"] == m);
+    let expired_line = message("booking expired")
+        .next()
+        .expect("booking expired logged");
+    for field in ["booking_id", "deal_id", "phase", "tenant_id"] {
+        assert!(
+            expired_line["fields"][field].is_string(),
+            "{field} in {expired_line}"
+        );
+    }
+    assert!(
+        expired_line["span"]["run_id"].is_string(),
+        "run id on the cycle span"
+    );
+    let completed = message("cycle completed")
+        .next()
+        .expect("cycle completed logged");
+    for field in [
+        "reserve_expired_count",
+        "booking_expired_count",
+        "skipped_locked",
+        "duration_ms",
+    ] {
+        assert!(
+            completed["fields"][field].is_number(),
+            "{field} in {completed}"
+        );
+    }
+    assert!(message("cycle started").next().is_some());
+    assert!(message("batch selected").next().is_some());
+    assert!(message("stopped").next().is_some());
+    let password = url::Url::parse(&db.url)
+        .unwrap()
+        .password()
+        .unwrap()
+        .to_owned();
+    assert!(!stderr.contains(&password), "no secret in logs");
+}
