@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::{Clock, SystemClock},
-    config::{self, ConfigError, DatabaseArgs, ExpiryArgs, KafkaArgs, PublisherArgs},
+    config::{self, ConfigError, DatabaseArgs, ExpiryArgs, KafkaArgs, PublisherArgs, SeedArgs},
     db::{self, DbError},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
     outbox::{self, KafkaSink, Publisher},
@@ -227,4 +227,145 @@ pub fn cancel_on_signal(token: CancellationToken) {
         }
         token.cancel();
     });
+}
+
+/// What `status` reports.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StatusReport {
+    pub as_of: chrono::DateTime<chrono::Utc>,
+    pub phases: Vec<PhaseStatus>,
+    pub outbox_unpublished: i64,
+    pub outbox_oldest_unpublished_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub outbox_oldest_unpublished_age_seconds: i64,
+    /// Due rows the domain refuses (first 100 per phase).
+    pub poison: Vec<PoisonRow>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PhaseStatus {
+    pub phase: &'static str,
+    pub backlog: i64,
+    pub oldest_due_deadline: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PoisonRow {
+    pub booking_id: uuid::Uuid,
+    pub tenant_id: uuid::Uuid,
+    pub phase: &'static str,
+    pub status: String,
+    pub deadline: Option<chrono::DateTime<chrono::Utc>>,
+    pub reason: String,
+}
+
+/// `status`: reads only; takes no locks that the worker would skip.
+pub async fn status(database: &DatabaseArgs) -> Result<StatusReport, AppError> {
+    use crate::{db::bookings, domain::Phase};
+    let settings = database.settings()?;
+    let mut conn = db::establish(&settings).await?;
+    let as_of = SystemClock.now();
+    let mut phases = Vec::new();
+    let mut poison = Vec::new();
+    for phase in Phase::ALL {
+        phases.push(PhaseStatus {
+            phase: phase.as_str(),
+            backlog: bookings::count_due(&mut conn, phase, as_of).await?,
+            oldest_due_deadline: bookings::oldest_due_deadline(&mut conn, phase, as_of).await?,
+        });
+        for row in bookings::due_poison_rows(&mut conn, phase, as_of, 100).await? {
+            let reason = match row.to_domain() {
+                Ok(booking) => booking
+                    .expire(as_of)
+                    .err()
+                    .map_or_else(|| "none".to_owned(), |e| e.to_string()),
+                Err(e) => e.to_string(),
+            };
+            poison.push(PoisonRow {
+                booking_id: row.id,
+                tenant_id: row.tenant_id,
+                phase: phase.as_str(),
+                status: row.status.clone(),
+                deadline: match phase {
+                    Phase::Reserve => row.reserve_expires_at,
+                    Phase::Booking => row.booking_expires_at,
+                },
+                reason,
+            });
+        }
+    }
+    let outbox = db::outbox::stats(&mut conn).await?;
+    Ok(StatusReport {
+        as_of,
+        phases,
+        outbox_unpublished: outbox.unpublished,
+        outbox_oldest_unpublished_at: outbox.oldest_unpublished_at,
+        outbox_oldest_unpublished_age_seconds: outbox
+            .oldest_unpublished_at
+            .map_or(0, |t| (as_of - t).num_seconds().max(0)),
+        poison,
+    })
+}
+
+impl std::fmt::Display for StatusReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+            t.map_or_else(
+                || "-".to_owned(),
+                |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            )
+        };
+        writeln!(f, "as of {}", time(Some(self.as_of)))?;
+        writeln!(f, "{:<10} {:>10}  oldest due deadline", "phase", "backlog")?;
+        for p in &self.phases {
+            writeln!(
+                f,
+                "{:<10} {:>10}  {}",
+                p.phase,
+                p.backlog,
+                time(p.oldest_due_deadline)
+            )?;
+        }
+        writeln!(
+            f,
+            "outbox     {:>10}  unpublished, oldest {} ({} s)",
+            self.outbox_unpublished,
+            time(self.outbox_oldest_unpublished_at),
+            self.outbox_oldest_unpublished_age_seconds
+        )?;
+        writeln!(f, "poison rows: {}", self.poison.len())?;
+        for p in &self.poison {
+            writeln!(
+                f,
+                "  {} tenant {} {} {} deadline {}: {}",
+                p.booking_id,
+                p.tenant_id,
+                p.phase,
+                p.status,
+                time(p.deadline),
+                p.reason
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// `seed`: inserts synthetic bookings relative to now.
+pub async fn seed(database: &DatabaseArgs, args: &SeedArgs) -> Result<u64, AppError> {
+    let settings = database.settings()?;
+    let plan = args.settings()?;
+    let mut conn = db::establish(&settings).await?;
+    let inserted = db::seed::seed(
+        &mut conn,
+        &db::seed::SeedPlan {
+            active: plan.active,
+            due_fraction: plan.due_fraction,
+            inactive: plan.inactive,
+            poison: plan.poison,
+            as_of: SystemClock.now(),
+            spread: plan.spread,
+        },
+    )
+    .await?;
+    tracing::info!(inserted, "bookings seeded");
+    Ok(inserted)
 }

@@ -94,6 +94,79 @@ pub enum Command {
         #[command(flatten)]
         expiry: ExpiryArgs,
     },
+    /// Show backlog, outbox lag and poison rows without changing anything.
+    Status {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Insert synthetic bookings (demo, benchmarks, load tests).
+    Seed {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        seed: SeedArgs,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SeedArgs {
+    /// Active bookings (Reserved, AwaitingPayment and Booked in turn).
+    #[arg(long, default_value = "10000")]
+    pub active: String,
+    /// Share of the active bookings already due (0.0-1.0).
+    #[arg(long, default_value = "0.2")]
+    pub due_fraction: String,
+    /// Terminal or inactive rows beside them.
+    #[arg(long, default_value = "0")]
+    pub inactive: String,
+    /// Due legacy rows without deal_id (poison).
+    #[arg(long, default_value = "0")]
+    pub poison: String,
+    /// The not-yet-due deadlines are spread over this span from now.
+    #[arg(long, default_value = "10m")]
+    pub spread: String,
+}
+
+/// A validated `seed` request.
+#[derive(Debug, Clone)]
+pub struct SeedSettings {
+    pub active: u64,
+    pub due_fraction: f64,
+    pub inactive: u64,
+    pub poison: u64,
+    pub spread: Duration,
+}
+
+impl SeedArgs {
+    pub fn settings(&self) -> Result<SeedSettings, ConfigError> {
+        let count = |setting: &'static str, raw: &str| -> Result<u64, ConfigError> {
+            raw.trim().parse::<u64>().map_err(|_| {
+                ConfigError::new(setting, format!("{raw:?} is not a whole number >= 0"))
+            })
+        };
+        let due_fraction: f64 = self
+            .due_fraction
+            .trim()
+            .parse()
+            .ok()
+            .filter(|f: &f64| (0.0..=1.0).contains(f))
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "--due-fraction",
+                    format!("{:?} is not between 0 and 1", self.due_fraction),
+                )
+            })?;
+        Ok(SeedSettings {
+            active: count("--active", &self.active)?,
+            due_fraction,
+            inactive: count("--inactive", &self.inactive)?,
+            poison: count("--poison", &self.poison)?,
+            spread: parse_duration("--spread", &self.spread)?,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Args)]

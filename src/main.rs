@@ -50,6 +50,18 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 let report = app::once(&database, &expiry, shutdown).await?;
                 println!("{}", serde_json::to_string(&report)?);
             }
+            Command::Status { database, json } => {
+                let report = app::status(&database).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print!("{report}");
+                }
+            }
+            Command::Seed { database, seed } => {
+                let inserted = app::seed(&database, &seed).await?;
+                println!("{{\"inserted\":{inserted}}}");
+            }
             Command::Run {
                 database,
                 expiry,
