@@ -26,9 +26,7 @@ CREATE TABLE booking_expiration_outbox (
     correlation_id uuid        NOT NULL,
     tenant_id      uuid        NOT NULL,
     created_at     timestamptz NOT NULL,
-    published_at   timestamptz NULL,
-    attempts       integer     NOT NULL DEFAULT 0,
-    last_error     text        NULL
+    published_at   timestamptz NULL
 );
 
 -- The publisher's claim scan: unpublished rows only, oldest first.
