@@ -97,9 +97,22 @@ impl TestDb {
         db
     }
 
+    /// A fresh, migrated database on another server.
+    pub async fn on(admin: &str) -> Self {
+        let db = Self::empty_on(admin).await;
+        db::migrate::run_migrations(&db.settings)
+            .await
+            .expect("migrations apply");
+        db
+    }
+
     /// A fresh database without the schema.
     pub async fn empty() -> Self {
-        let admin = admin_url();
+        Self::empty_on(&admin_url()).await
+    }
+
+    async fn empty_on(admin: &str) -> Self {
+        let admin = admin.to_owned();
         let name = format!("be_test_{}", Uuid::new_v4().simple());
         let mut conn = AsyncPgConnection::establish(&admin)
             .await
@@ -562,6 +575,37 @@ impl Drop for Running {
         if self.child.try_wait().ok().flatten().is_none() {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs a closure on drop (stops servers a test started, even on failure).
+pub struct Defer(pub Option<Box<dyn FnOnce()>>);
+
+impl Drop for Defer {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+/// A fresh directory the `postgres` OS user can enter.
+pub fn tempdir(prefix: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("be-{prefix}-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let _ = std::process::Command::new("chmod")
+        .args(["755", dir.to_str().unwrap()])
+        .status();
+    dir.to_string_lossy().into_owned()
+}
+
+/// A free port whose successor is free too (Kafka's controller port).
+pub fn free_port_pair() -> u16 {
+    loop {
+        let port = free_port();
+        if port < 65000 && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
         }
     }
 }
