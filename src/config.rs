@@ -13,6 +13,7 @@ pub mod defaults {
     pub const EXPIRATION_BATCH_SIZE: &str = "200";
     pub const EXPIRATION_MAX_BATCHES_PER_CYCLE: &str = "1000";
     pub const EXPIRATION_CYCLE_BUDGET: &str = "30s";
+    pub const EXPIRATION_MAX_CLOCK_SKEW: &str = "2s";
     pub const METRICS_ADDR: &str = "127.0.0.1:9464";
     pub const DATABASE_POOL_SIZE: &str = "8";
     pub const DATABASE_CONNECT_TIMEOUT: &str = "5s";
@@ -199,6 +200,9 @@ pub struct ExpiryArgs {
     /// No new batch starts after a cycle ran this long.
     #[arg(long, env = "EXPIRATION_CYCLE_BUDGET", default_value = defaults::EXPIRATION_CYCLE_BUDGET)]
     pub expiration_cycle_budget: String,
+    /// as_of never runs ahead of the database clock by more than this ("off" disables the check).
+    #[arg(long, env = "EXPIRATION_MAX_CLOCK_SKEW", default_value = defaults::EXPIRATION_MAX_CLOCK_SKEW)]
+    pub expiration_max_clock_skew: String,
     /// On shutdown, how long an in-flight batch may take before it is rolled back.
     #[arg(long, env = "SHUTDOWN_GRACE", default_value = defaults::SHUTDOWN_GRACE)]
     pub shutdown_grace: String,
@@ -323,6 +327,8 @@ pub struct ExpirySettings {
     pub batch_size: u32,
     pub max_batches_per_cycle: u32,
     pub cycle_budget: Duration,
+    /// `None`: as_of is the local clock, unchecked.
+    pub max_clock_skew: Option<Duration>,
     pub shutdown_grace: Duration,
     pub ce_source: String,
     pub topic: String,
@@ -465,6 +471,10 @@ impl ExpiryArgs {
                 "EXPIRATION_CYCLE_BUDGET",
                 &self.expiration_cycle_budget,
             )?,
+            max_clock_skew: match self.expiration_max_clock_skew.trim() {
+                "off" => None,
+                raw => Some(parse_duration("EXPIRATION_MAX_CLOCK_SKEW", raw)?),
+            },
             shutdown_grace: parse_duration("SHUTDOWN_GRACE", &self.shutdown_grace)?,
             ce_source: self.ce_source.clone(),
             topic: topic.to_owned(),

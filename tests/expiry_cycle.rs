@@ -716,3 +716,28 @@ async fn slo_booking_due_at_t_expires_by_t_plus_interval_plus_cycle() {
         "event in the outbox at once"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fast_clock_never_expires_a_booking_early() {
+    // This instance's clock runs an hour ahead of the database's.
+    let db = TestDb::new().await;
+    let db_now = chrono::Utc::now();
+    let fast = booking_expiration::clock::ManualClock::new(db_now + ChronoDuration::hours(1));
+    let soon = NewBooking::new("Reserved").reserve_deadline(db_now + ChronoDuration::minutes(30));
+    let past = NewBooking::new("Booked").booking_deadline(db_now - ChronoDuration::minutes(1));
+    db.insert_all(&[soon.clone(), past.clone()]).await;
+    let mut settings = expiry_settings(200);
+    settings.max_clock_skew = Some(Duration::from_secs(2));
+    let outcome = db
+        .worker_with(&fast, settings)
+        .run_cycle(&CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(outcome.report.booking_expired_count, 1);
+    assert_eq!(
+        outcome.report.reserve_expired_count, 0,
+        "not due by the database clock"
+    );
+    assert!(outcome.as_of <= chrono::Utc::now() + ChronoDuration::seconds(2));
+    assert_eq!(db.booking(soon.id).await.status, "Reserved");
+}

@@ -193,6 +193,19 @@ pub async fn due_poison_rows(
         .await?)
 }
 
+/// The database server's clock.
+pub async fn database_now(conn: &mut AsyncPgConnection) -> Result<DateTime<Utc>, DbError> {
+    #[derive(QueryableByName)]
+    struct Now {
+        #[diesel(sql_type = Timestamptz)]
+        now: DateTime<Utc>,
+    }
+    let row: Now = diesel::sql_query("SELECT clock_timestamp() AS now")
+        .get_result(conn)
+        .await?;
+    Ok(row.now)
+}
+
 /// One transition to persist with its outbox message.
 #[derive(Debug, Clone)]
 pub struct ExpiryWrite {

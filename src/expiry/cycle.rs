@@ -121,13 +121,47 @@ impl ExpiryWorker {
         &self.settings
     }
 
-    /// One cycle with `as_of` from the clock and a fresh run id.
+    /// One cycle with `as_of` from the clock (bounded by the database
+    /// clock, see [`Self::checked_now`]) and a fresh run id.
     pub async fn run_cycle(
         &self,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
-        self.run_cycle_at(self.clock.now(), RunId::generate(), shutdown)
+        let as_of = self.checked_now().await?;
+        self.run_cycle_at(as_of, RunId::generate(), shutdown).await
+    }
+
+    /// The clock's now, never more than `max_clock_skew` ahead of the
+    /// database clock: instances with differing clocks share one reference,
+    /// so a fast clock can never expire a booking early. A slow clock only
+    /// delays expiry; both directions are exported as the skew gauge.
+    pub async fn checked_now(&self) -> Result<DateTime<Utc>, CycleError> {
+        let local = self.clock.now();
+        let Some(max_skew) = self.settings.max_clock_skew else {
+            return Ok(local);
+        };
+        let mut conn = self
+            .pool
+            .get()
             .await
+            .map_err(|e| CycleError::Connection(e.into()))?;
+        let database = bookings::database_now(&mut conn)
+            .await
+            .map_err(CycleError::Connection)?;
+        let skew = local - database;
+        self.metrics
+            .clock_skew_seconds
+            .set(skew.num_milliseconds() as f64 / 1000.0);
+        let bound =
+            database + chrono::Duration::from_std(max_skew).unwrap_or(chrono::Duration::MAX);
+        if local > bound {
+            tracing::warn!(
+                skew_ms = skew.num_milliseconds(),
+                "local clock ahead of the database clock; as_of clamped"
+            );
+            return Ok(bound);
+        }
+        Ok(local)
     }
 
     /// One cycle at a given `as_of`.

@@ -34,6 +34,7 @@ pub struct Metrics {
     pub errors: Counter,
     pub cycles_failed: Counter,
     pub last_success_timestamp_seconds: Gauge,
+    pub clock_skew_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub outbox_unpublished: Gauge,
     pub outbox_oldest_unpublished_age_seconds: Gauge,
     pub outbox_published: Counter,
@@ -69,6 +70,7 @@ impl Metrics {
             errors: Counter::default(),
             cycles_failed: Counter::default(),
             last_success_timestamp_seconds: Gauge::default(),
+            clock_skew_seconds: Gauge::default(),
             outbox_unpublished: Gauge::default(),
             outbox_oldest_unpublished_age_seconds: Gauge::default(),
             outbox_published: Counter::default(),
@@ -112,6 +114,11 @@ impl Metrics {
             "crm_booking_expiration_last_success_timestamp_seconds",
             "Unix time of the last cycle that completed without an infrastructure error",
             metrics.last_success_timestamp_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_clock_skew_seconds",
+            "Local clock minus database clock at the last cycle start",
+            metrics.clock_skew_seconds.clone(),
         );
         registry.register(
             "crm_booking_expiration_outbox_unpublished",

@@ -61,6 +61,8 @@ pub fn expiry_settings(batch_size: u32) -> ExpirySettings {
         batch_size,
         max_batches_per_cycle: 1000,
         cycle_budget: Duration::from_secs(30),
+        // Tests set the clock far from the database's on purpose.
+        max_clock_skew: None,
         shutdown_grace: Duration::from_secs(10),
         ce_source: "/pin/crm/booking-expiration".into(),
         topic: "pin.crm.booking-expired.v1".into(),
