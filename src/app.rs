@@ -75,6 +75,7 @@ pub struct RunArgs<'a> {
     pub kafka: &'a KafkaArgs,
     pub publisher: &'a PublisherArgs,
     pub metrics_addr: &'a str,
+    pub liveness_window: &'a str,
     pub no_worker: bool,
     pub no_publisher: bool,
 }
@@ -119,6 +120,7 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
         .into());
     }
     let metrics_addr = config::parse_socket_addr("METRICS_ADDR", args.metrics_addr)?;
+    let liveness_window = config::parse_duration("LIVENESS_WINDOW", args.liveness_window)?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let metrics = Arc::new(Metrics::new());
@@ -137,6 +139,7 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
             metrics: Arc::clone(&metrics),
             health: Arc::clone(&health),
             pool: pool.clone(),
+            liveness_window,
         },
         shutdown.clone(),
     ));

@@ -81,6 +81,9 @@ pub enum Command {
         /// HTTP address for /metrics, /healthz and /readyz.
         #[arg(long, env = "METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
         metrics_addr: String,
+        /// /healthz fails when no cycle succeeded for this long.
+        #[arg(long, env = "LIVENESS_WINDOW", default_value = "5m")]
+        liveness_window: String,
         /// Run the publisher only (no expiry cycles).
         #[arg(long, env = "NO_WORKER", default_value_t = false)]
         no_worker: bool,

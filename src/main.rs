@@ -68,6 +68,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                 kafka,
                 publisher,
                 metrics_addr,
+                liveness_window,
                 no_worker,
                 no_publisher,
             } => {
@@ -78,6 +79,7 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
                         kafka: &kafka,
                         publisher: &publisher,
                         metrics_addr: &metrics_addr,
+                        liveness_window: &liveness_window,
                         no_worker,
                         no_publisher,
                     },

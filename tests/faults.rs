@@ -347,6 +347,7 @@ async fn database_restart_and_killed_connections_heal() {
         .env("EXPIRATION_INTERVAL", "300ms")
         .env("EXPIRATION_BATCH_SIZE", "100")
         .env("EXPIRATION_MAX_BATCHES_PER_CYCLE", "5")
+        .env("LIVENESS_WINDOW", "1500ms")
         .env("METRICS_ADDR", &addr)
         .env("RUST_LOG", "warn");
     let mut running = Running::spawn(command);
@@ -356,6 +357,33 @@ async fn database_restart_and_killed_connections_heal() {
             > 0
     })
     .await;
+    // Database taken away: cycles fail, liveness goes, the process stays.
+    let pg = |args: &[&str]| {
+        let out = Command::new("bash")
+            .arg(script)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    pg(&["stop", &dir]);
+    wait_until(
+        "/healthz unhealthy without the database",
+        Duration::from_secs(15),
+        || async {
+            http_get(&addr, "/healthz")
+                .await
+                .is_some_and(|(s, _)| s == 503)
+        },
+    )
+    .await;
+    assert_eq!(http_get(&addr, "/readyz").await.map(|r| r.0), Some(503));
+    pg(&["start", &dir, &port.to_string()]);
+    // And a fast restart mid-cycle.
     let restart_at = Instant::now();
     let out = Command::new("bash")
         .args([script, "restart", &dir])
@@ -405,7 +433,7 @@ async fn database_restart_and_killed_connections_heal() {
     assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
     assert_expired_exactly_once(&db, DUE).await;
     eprintln!(
-        "FIGURES db-restart: restarts 1, connections terminated {killed}, errors counted {errors}, rows checked {DUE}, drained {recovery:?} after the restart"
+        "FIGURES db-restart: stop+start 1 (/healthz 503 meanwhile), restarts 1, connections terminated {killed}, errors counted {errors}, rows checked {DUE}, drained {recovery:?} after the restart"
     );
 }
 

@@ -14,8 +14,6 @@ use tokio_util::sync::CancellationToken;
 use super::{Health, Metrics};
 use crate::db::PgPool;
 
-/// Liveness window: no successful cycle for longer is unhealthy (spec §6).
-pub const LIVENESS_WINDOW: Duration = Duration::from_secs(300);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
 const DB_PING_TIMEOUT: Duration = Duration::from_secs(2);
@@ -26,6 +24,8 @@ pub struct HttpState {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub pool: PgPool,
+    /// No successful cycle for longer is unhealthy (spec §6: 5 minutes).
+    pub liveness_window: Duration,
 }
 
 /// Errors of the HTTP layer.
@@ -112,13 +112,16 @@ async fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
             state.metrics.encode(),
         ),
         "/healthz" => {
-            if state.health.is_live(Utc::now(), LIVENESS_WINDOW) {
+            if state.health.is_live(Utc::now(), state.liveness_window) {
                 (200, "text/plain", "ok\n".to_owned())
             } else {
                 (
                     503,
                     "text/plain",
-                    "no successful expiry cycle within 5 minutes\n".to_owned(),
+                    format!(
+                        "no successful expiry cycle within {}\n",
+                        humantime::format_duration(state.liveness_window)
+                    ),
                 )
             }
         }
