@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// One `bookings` row as stored.
-#[derive(Debug, Clone, QueryableByName)]
+#[derive(Debug, Clone, PartialEq, QueryableByName)]
 pub struct BookingRow {
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,

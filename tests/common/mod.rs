@@ -231,30 +231,8 @@ impl TestDb {
     }
 }
 
-/// A stored booking, for assertions.
-#[derive(Debug, Clone, PartialEq, QueryableByName)]
-pub struct StoredBooking {
-    #[diesel(sql_type = SqlUuid)]
-    pub id: Uuid,
-    #[diesel(sql_type = SqlUuid)]
-    pub tenant_id: Uuid,
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    pub deal_id: Option<Uuid>,
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    pub property_object_id: Option<Uuid>,
-    #[diesel(sql_type = Text)]
-    pub status: String,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    pub reserve_expires_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    pub booking_expires_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    pub expired_at: Option<DateTime<Utc>>,
-    #[diesel(sql_type = Timestamptz)]
-    pub updated_at: DateTime<Utc>,
-    #[diesel(sql_type = BigInt)]
-    pub version: i64,
-}
+/// A stored booking, for assertions: the repository's own row type.
+pub type StoredBooking = booking_expiration::db::bookings::BookingRow;
 
 /// A booking to insert.
 #[derive(Debug, Clone)]
@@ -361,7 +339,11 @@ impl ConsumedRecord {
 }
 
 pub async fn kafka_client() -> rskafka::client::Client {
-    rskafka::client::ClientBuilder::new(kafka_bootstrap())
+    kafka_client_for(kafka_bootstrap()).await
+}
+
+pub async fn kafka_client_for(bootstrap: Vec<String>) -> rskafka::client::Client {
+    rskafka::client::ClientBuilder::new(bootstrap)
         .build()
         .await
         .expect("connect to the test Kafka broker")
@@ -382,8 +364,17 @@ pub async fn create_topic(partitions: i32) -> String {
 
 /// Reads every record of every partition of `topic` (up to the high watermark).
 pub async fn read_topic(topic: &str, partitions: i32) -> Vec<ConsumedRecord> {
+    read_topic_from(kafka_bootstrap(), topic, partitions).await
+}
+
+/// [`read_topic`] on another broker.
+pub async fn read_topic_from(
+    bootstrap: Vec<String>,
+    topic: &str,
+    partitions: i32,
+) -> Vec<ConsumedRecord> {
     use rskafka::client::partition::UnknownTopicHandling;
-    let client = kafka_client().await;
+    let client = kafka_client_for(bootstrap).await;
     let mut out = Vec::new();
     for partition in 0..partitions {
         let pc = client
