@@ -56,6 +56,7 @@ COUNTERS = {
 GAUGES = [
     "crm_booking_expiration_backlog",
     "crm_booking_expiration_last_success_timestamp_seconds",
+    "crm_booking_expiration_clock_skew_seconds",
     "crm_booking_expiration_outbox_unpublished",
     "crm_booking_expiration_outbox_oldest_unpublished_age_seconds",
 ]
@@ -380,6 +381,7 @@ class StandIn:
         values = {
             "crm_booking_expiration_backlog": 7,
             "crm_booking_expiration_last_success_timestamp_seconds": int(time.time()) - 3,
+            "crm_booking_expiration_clock_skew_seconds": 0.01,
             "crm_booking_expiration_outbox_unpublished": 12,
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds": 2,
         }
