@@ -293,12 +293,7 @@ async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
         .sum();
     assert_eq!(expired, 500, "items_total moved");
     assert_eq!(http_get(&addr, "/healthz").await.unwrap().0, 200);
-    wait_until("readiness", Duration::from_secs(10), || async {
-        http_get(&addr, "/readyz")
-            .await
-            .is_some_and(|(s, _)| s == 200)
-    })
-    .await;
+    wait_http_status(&addr, "/readyz", 200, Duration::from_secs(10)).await;
     assert_eq!(read_topic(&topic, 3).await.len(), 500);
 
     running.terminate();

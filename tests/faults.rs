@@ -371,16 +371,7 @@ async fn database_restart_and_killed_connections_heal() {
         );
     };
     pg(&["stop", &dir]);
-    wait_until(
-        "/healthz unhealthy without the database",
-        Duration::from_secs(15),
-        || async {
-            http_get(&addr, "/healthz")
-                .await
-                .is_some_and(|(s, _)| s == 503)
-        },
-    )
-    .await;
+    wait_http_status(&addr, "/healthz", 503, Duration::from_secs(15)).await;
     assert_eq!(http_get(&addr, "/readyz").await.map(|r| r.0), Some(503));
     pg(&["start", &dir, &port.to_string()]);
     // And a fast restart mid-cycle.
@@ -423,12 +414,7 @@ async fn database_restart_and_killed_connections_heal() {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap();
     assert!(errors >= 1.0, "failed cycles counted:\n{metrics}");
-    wait_until("healthy again", Duration::from_secs(10), || async {
-        http_get(&addr, "/healthz")
-            .await
-            .is_some_and(|(s, _)| s == 200)
-    })
-    .await;
+    wait_http_status(&addr, "/healthz", 200, Duration::from_secs(10)).await;
     running.terminate();
     assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
     assert_expired_exactly_once(&db, DUE).await;
@@ -510,16 +496,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
         },
     )
     .await;
-    wait_until(
-        "publish errors counted, readiness lost",
-        Duration::from_secs(30),
-        || async {
-            http_get(&addr, "/readyz")
-                .await
-                .is_some_and(|(s, _)| s == 503)
-        },
-    )
-    .await;
+    wait_http_status(&addr, "/readyz", 503, Duration::from_secs(30)).await;
     let waiting = db
         .count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
         .await;

@@ -486,6 +486,14 @@ pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((status, body))
 }
 
+/// Waits until `GET path` answers with `status`.
+pub async fn wait_http_status(addr: &str, path: &str, status: u16, timeout: Duration) {
+    wait_until(&format!("{path} to answer {status}"), timeout, || async {
+        http_get(addr, path).await.is_some_and(|(s, _)| s == status)
+    })
+    .await;
+}
+
 /// Sends SIGTERM to a child process.
 pub fn terminate(child: &std::process::Child) {
     let status = std::process::Command::new("kill")
