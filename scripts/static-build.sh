@@ -13,7 +13,7 @@
 #   STATIC_LINKER      rust-lld (default) or cc: cc links through the system C
 #                      driver, for a toolchain without rust-lld
 #   STATIC_BUILD_OUT   if set, the binary is also copied to this path
-#   CARGO_BUILD_ARGS   extra `cargo build` arguments (e.g. "--features kafka-tls"; such
+#   CARGO_BUILD_ARGS   extra `cargo build` arguments (e.g. "--features kafka-zstd"; such
 #                      features compile C and so fail here on purpose)
 #
 # Idempotent: the target is added only when missing, a second run is an
