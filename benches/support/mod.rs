@@ -1,0 +1,353 @@
+//! The benchmark's plumbing: a throwaway PostgreSQL and Kafka broker started
+//! with the project's own scripts, databases copied from seeded templates,
+//! statistics over repetitions, progress lines and the machine's load.
+
+pub mod plot;
+
+use std::{
+    fs,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use booking_expiration::config::{DatabaseSettings, DatabaseUrl};
+use diesel::{
+    QueryableByName,
+    sql_types::{BigInt, Text},
+};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use serde::Serialize;
+use std::sync::OnceLock;
+
+/// The crate root (the scripts live there).
+pub fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+static START: OnceLock<Instant> = OnceLock::new();
+
+/// Marks the start of the run for the progress clock.
+pub fn start_clock() {
+    START.get_or_init(Instant::now);
+}
+
+/// One progress line on stderr, prefixed by the time since start.
+#[macro_export]
+macro_rules! progress {
+    ($($arg:tt)*) => {
+        eprintln!("[{:>7.1}s] {}", $crate::support::elapsed_s(), format!($($arg)*))
+    };
+}
+
+pub fn elapsed_s() -> f64 {
+    START.get_or_init(Instant::now).elapsed().as_secs_f64()
+}
+
+/// `/proc/loadavg`: the 1, 5 and 15 minute load averages.
+pub fn loadavg() -> [f64; 3] {
+    let text = fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mut it = text
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(f64::NAN));
+    [
+        it.next().unwrap_or(f64::NAN),
+        it.next().unwrap_or(f64::NAN),
+        it.next().unwrap_or(f64::NAN),
+    ]
+}
+
+/// CPU time (user + system) this process used so far, in milliseconds
+/// (`/proc/self/stat`, clock ticks of 10 ms).
+pub fn process_cpu_ms() -> f64 {
+    let stat = fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 after ')'.
+    (ticks(11) + ticks(12)) * 10.0
+}
+
+/// min / median / max of repeated samples.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stat {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+    pub samples: Vec<f64>,
+}
+
+impl Stat {
+    pub fn of(samples: &[f64]) -> Self {
+        assert!(!samples.is_empty(), "no samples");
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Self {
+            min: sorted[0],
+            median,
+            max: sorted[n - 1],
+            samples: samples.to_vec(),
+        }
+    }
+
+    /// "min / median / max" with a unit formatter.
+    pub fn show(&self, fmt: impl Fn(f64) -> String) -> String {
+        format!(
+            "{} / {} / {}",
+            fmt(self.min),
+            fmt(self.median),
+            fmt(self.max)
+        )
+    }
+}
+
+/// Thousands separators for rates and counts.
+pub fn num(v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".into();
+    }
+    let rounded = v.round() as i64;
+    let digits = rounded.abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if rounded < 0 { format!("-{out}") } else { out }
+}
+
+pub fn db_settings(url: &str, pool_size: u32) -> DatabaseSettings {
+    DatabaseSettings {
+        url: DatabaseUrl::parse(url).expect("the cluster's URL parses"),
+        pool_size,
+        connect_timeout: Duration::from_secs(10),
+        statement_timeout: Duration::from_secs(600),
+    }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct OneText {
+    #[diesel(sql_type = Text)]
+    v: String,
+}
+
+/// The PostgreSQL cluster and the Kafka broker of this run; both are
+/// stopped (and their folder removed) on drop and on Ctrl-C.
+pub struct Services {
+    pub work: PathBuf,
+    pub admin_url: String,
+    pub kafka_bootstrap: String,
+    kafka_started: bool,
+    copies: AtomicU32,
+}
+
+fn script(args: &[&str]) -> Command {
+    let mut command = Command::new("bash");
+    command.current_dir(repo()).args(args).stdin(Stdio::null());
+    command
+}
+
+fn stop_services(work: &Path, kafka: bool) {
+    let kafka_dir = work.join("kafka");
+    let pg_dir = work.join("pg");
+    if kafka {
+        let _ = script(&[
+            "scripts/kafka.sh",
+            "stop",
+            kafka_dir.to_str().unwrap_or_default(),
+        ])
+        .stdout(Stdio::null())
+        .status();
+    }
+    let _ = script(&[
+        "scripts/postgres.sh",
+        "stop",
+        pg_dir.to_str().unwrap_or_default(),
+    ])
+    .stdout(Stdio::null())
+    .status();
+}
+
+impl Services {
+    pub fn start() -> Result<Self> {
+        let work =
+            std::env::temp_dir().join(format!("booking-expiration-bench-{}", std::process::id()));
+        fs::create_dir_all(&work)?;
+        // The postgres OS user owns the cluster inside.
+        fs::set_permissions(&work, fs::Permissions::from_mode(0o755))?;
+        let ports = Command::new("python3")
+            .current_dir(repo())
+            .args(["scripts/free-port.py", "2"])
+            .output()
+            .context("run scripts/free-port.py")?;
+        let ports = String::from_utf8(ports.stdout)?;
+        let ports: Vec<&str> = ports.split_whitespace().collect();
+        let [pg_port, kafka_port] = ports[..] else {
+            bail!("scripts/free-port.py printed {ports:?}");
+        };
+        progress!(
+            "starting PostgreSQL on 127.0.0.1:{pg_port} (default settings: fsync and synchronous_commit on)"
+        );
+        let pg_dir = work.join("pg");
+        let out = script(&[
+            "scripts/postgres.sh",
+            "start",
+            pg_dir.to_str().unwrap(),
+            pg_port,
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("run scripts/postgres.sh start")?;
+        if !out.status.success() {
+            bail!("scripts/postgres.sh start failed");
+        }
+        let admin_url = String::from_utf8(out.stdout)?.trim().to_owned();
+        let mut services = Services {
+            work: work.clone(),
+            admin_url,
+            kafka_bootstrap: format!("127.0.0.1:{kafka_port}"),
+            kafka_started: false,
+            copies: AtomicU32::new(0),
+        };
+        {
+            let work = work.clone();
+            tokio::spawn(async move {
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    eprintln!("interrupted: stopping Kafka and PostgreSQL");
+                    stop_services(&work, true);
+                    let _ = fs::remove_dir_all(&work);
+                    std::process::exit(130);
+                }
+            });
+        }
+        progress!("starting Kafka on {}", services.kafka_bootstrap);
+        services.kafka_started = true;
+        let kafka_dir = work.join("kafka");
+        let status = script(&[
+            "scripts/kafka.sh",
+            "start",
+            kafka_dir.to_str().unwrap(),
+            kafka_port,
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .context("run scripts/kafka.sh start")?;
+        if !status.success() {
+            bail!("scripts/kafka.sh start failed");
+        }
+        Ok(services)
+    }
+
+    pub fn url_of(&self, db: &str) -> String {
+        let mut url = url::Url::parse(&self.admin_url).expect("admin URL");
+        url.set_path(&format!("/{db}"));
+        url.to_string()
+    }
+
+    pub async fn admin(&self) -> Result<AsyncPgConnection> {
+        Ok(AsyncPgConnection::establish(&self.admin_url).await?)
+    }
+
+    pub async fn admin_exec(&self, sql: &str) -> Result<()> {
+        let mut conn = self.admin().await?;
+        conn.batch_execute(sql)
+            .await
+            .with_context(|| sql.to_owned())?;
+        Ok(())
+    }
+
+    /// `SHOW name` on the cluster.
+    pub async fn show(&self, name: &str) -> Result<String> {
+        let mut conn = self.admin().await?;
+        let row: OneText = diesel::sql_query(format!("SELECT current_setting('{name}') AS v"))
+            .get_result(&mut conn)
+            .await?;
+        Ok(row.v)
+    }
+
+    /// Waits until nobody is connected to `db` (a template must be idle).
+    pub async fn wait_idle(&self, db: &str) -> Result<()> {
+        let mut conn = self.admin().await?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let row: Count = diesel::sql_query(
+                "SELECT count(*)::bigint AS n FROM pg_stat_activity WHERE datname = $1",
+            )
+            .bind::<Text, _>(db)
+            .get_result(&mut conn)
+            .await?;
+            if row.n == 0 {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                diesel::sql_query(
+                    "SELECT count(pg_terminate_backend(pid))::bigint AS n FROM pg_stat_activity WHERE datname = $1",
+                )
+                .bind::<Text, _>(db)
+                .get_result::<Count>(&mut conn)
+                .await?;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A fresh copy of `template` (a file copy: fast, and the copy starts
+    /// with the template's statistics and visibility map).
+    pub async fn copy(&self, template: &str) -> Result<String> {
+        let n = self.copies.fetch_add(1, Ordering::Relaxed);
+        let name = format!("run_{n}");
+        self.wait_idle(template).await?;
+        self.admin_exec(&format!(
+            "CREATE DATABASE {name} TEMPLATE {template} STRATEGY FILE_COPY"
+        ))
+        .await?;
+        Ok(name)
+    }
+
+    pub async fn drop_db(&self, db: &str) -> Result<()> {
+        self.admin_exec(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+            .await
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        progress!("stopping Kafka and PostgreSQL");
+        stop_services(&self.work, self.kafka_started);
+        if std::env::var_os("BENCH_KEEP").is_none() {
+            let _ = fs::remove_dir_all(&self.work);
+        }
+    }
+}
+
+/// `SELECT count(*)`-style query on a connection: the query must return `n`.
+pub async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64> {
+    let row: Count = diesel::sql_query(sql)
+        .get_result(conn)
+        .await
+        .with_context(|| sql.to_owned())?;
+    Ok(row.n)
+}
