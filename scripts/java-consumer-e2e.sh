@@ -63,8 +63,7 @@ summary_is() { grep -qx "booking-expired-consumer: $2" "$WORK/$1.err"; }
 lines_are() { [[ "$(wc -l <"$WORK/$1.out")" -eq "$2" ]]; }
 jqe() { jq -e "$@" >/dev/null; }
 ids() { jq -r .event_id "$1" | sort; }
-same_jqe() { jq -e "$@" >/dev/null; }
-ids() { diff <(ids "$WORK/expected.jsonl") <(ids "$WORK/$1.out") >/dev/null; }
+same_ids() { diff <(ids "$WORK/expected.jsonl") <(ids "$WORK/$1.out") >/dev/null; }
 
 # 1. --json --expect 6: stops at the 6th distinct event
 run expect --json --expect 6 --max-idle-ms 30000

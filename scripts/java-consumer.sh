@@ -60,7 +60,9 @@ build() { # force|if-outdated [extra mvn args...]
       die "maven build failed (log above, also in $log_file)"
     fi
     [[ -f "$JAR" ]] || die "the build did not produce $JAR"
-    [[ "$mode" == force ]] && grep -h '^Tests run:' "$PROJ"/target/surefire-reports/*.txt >&2 2>/dev/null || true
+    if [[ "$mode" == force ]]; then
+      grep -h '^Tests run:' "$PROJ"/target/surefire-reports/*.txt >&2 2>/dev/null || true
+    fi
     rm -f "$log_file"
     ms=$(( $(date +%s%3N) - t0 ))
     log "built in $(( ms / 1000 )).$(( ms % 1000 / 100 )) s"
