@@ -318,21 +318,15 @@ async fn malformed_rows_are_isolated() {
 async fn database_restart_and_killed_connections_heal() {
     let dir = tempdir("pg-fault");
     let port = free_port();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres.sh");
-    let out = Command::new("bash")
-        .args([script, "start", &dir, &port.to_string()])
-        .output()
-        .expect("start a PostgreSQL of its own");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let admin = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    let pg = |args: &[&str]| run_script("postgres.sh", args);
+    let admin = pg(&["start", &dir, &port.to_string()]).trim().to_owned();
     let _stop = Defer(Some(Box::new({
         let dir = dir.clone();
         move || {
-            let _ = Command::new("bash").args([script, "stop", &dir]).status();
+            let _ = Command::new("bash")
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres.sh"))
+                .args(["stop", &dir])
+                .status();
         }
     })));
     let db = TestDb::on(&admin).await;
@@ -358,33 +352,13 @@ async fn database_restart_and_killed_connections_heal() {
     })
     .await;
     // Database taken away: cycles fail, liveness goes, the process stays.
-    let pg = |args: &[&str]| {
-        let out = Command::new("bash")
-            .arg(script)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     pg(&["stop", &dir]);
     wait_http_status(&addr, "/healthz", 503, Duration::from_secs(15)).await;
     assert_eq!(http_get(&addr, "/readyz").await.map(|r| r.0), Some(503));
     pg(&["start", &dir, &port.to_string()]);
     // And a fast restart mid-cycle.
     let restart_at = Instant::now();
-    let out = Command::new("bash")
-        .args([script, "restart", &dir])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pg(&["restart", &dir]);
     let mut killed = 0;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(700)).await;
@@ -429,36 +403,21 @@ async fn database_restart_and_killed_connections_heal() {
 async fn broker_stopped_and_restarted_loses_nothing() {
     let dir = tempdir("kafka-fault");
     let port = free_port_pair();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh");
-    let start = |dir: &str| {
-        let out = Command::new("bash")
-            .args([script, "start", dir, &port.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let kafka = |args: &[&str]| run_script("kafka.sh", args);
+    let start = |dir: &str| kafka(&["start", dir, &port.to_string()]);
     start(&dir);
     let _stop = Defer(Some(Box::new({
         let dir = dir.clone();
         move || {
-            let _ = Command::new("bash").args([script, "stop", &dir]).status();
+            let _ = Command::new("bash")
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh"))
+                .args(["stop", &dir])
+                .status();
         }
     })));
     let bootstrap = format!("127.0.0.1:{port}");
     let topic = "pin.crm.booking-expired.v1";
-    let out = Command::new("bash")
-        .args([script, "create-topic", &port.to_string(), topic, "3"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kafka(&["create-topic", &port.to_string(), topic, "3"]);
 
     let db = TestDb::new().await;
     const FIRST: i64 = 3_000;
@@ -478,11 +437,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
         db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL").await > 0
     })
     .await;
-    let stop = Command::new("bash")
-        .args([script, "stop", &dir])
-        .output()
-        .unwrap();
-    assert!(stop.status.success());
+    kafka(&["stop", &dir]);
     let down_at = Instant::now();
     // While Kafka is down: more bookings become due and still expire.
     db.seed_due(2_000, chrono::Utc::now()).await;

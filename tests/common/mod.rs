@@ -580,6 +580,23 @@ impl Drop for Running {
     }
 }
 
+/// Runs `bash scripts/NAME ARGS...`, fails the test with its stderr when it
+/// fails, and returns its stdout.
+pub fn run_script(name: &str, args: &[&str]) -> String {
+    let path = format!("{}/scripts/{name}", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new("bash")
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {path}: {e}"));
+    assert!(
+        out.status.success(),
+        "{name} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs a closure on drop (stops servers a test started, even on failure).
 pub struct Defer(pub Option<Box<dyn FnOnce()>>);
 
