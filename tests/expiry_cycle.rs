@@ -192,6 +192,25 @@ async fn reserve_phase_expires_with_audit_and_outbox() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_time_equals_the_stored_time_at_nanosecond_clocks() {
+    let db = TestDb::new().await;
+    let as_of = t0() + ChronoDuration::nanoseconds(123_456_789);
+    let booking = NewBooking::new("Reserved").reserve_deadline(t0());
+    db.insert(&booking).await;
+    db.worker(&clock(), 200)
+        .run_cycle_at(as_of, RunId::generate(), &CancellationToken::new())
+        .await
+        .unwrap();
+    let stored = db.booking(booking.id).await.expired_at.expect("expired");
+    let event = decode(&outbox_of(&db, booking.id).await[0]).expired_at;
+    assert_eq!(stored, t0() + ChronoDuration::microseconds(123_456));
+    assert_eq!(
+        (event.seconds, event.nanos),
+        (stored.timestamp(), stored.timestamp_subsec_nanos() as i32)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn booking_phase_expires_to_booking_expired() {
     let db = TestDb::new().await;
     let clock = clock();

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound as _, Utc};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -171,6 +171,8 @@ impl ExpiryWorker {
         run_id: RunId,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
+        // PostgreSQL keeps microseconds: the event's expired_at must equal the row's.
+        let as_of = as_of.trunc_subsecs(6);
         let span = tracing::info_span!("expiry_cycle", run_id = %run_id, correlation_id = %run_id);
         self.cycle(as_of, run_id, shutdown).instrument(span).await
     }
