@@ -39,6 +39,12 @@ use uuid::Uuid;
 const TOPIC: &str = "pin.crm.booking-expired.v1";
 const SOURCE: &str = "/pin/crm/booking-expiration";
 const PUBLISH_BATCH: u32 = 500;
+/// `OUTBOX_CONCURRENCY`'s default: batches in flight while draining.
+fn publish_concurrency() -> u32 {
+    booking_expiration::config::defaults::OUTBOX_CONCURRENCY
+        .parse()
+        .unwrap_or(1)
+}
 
 // ---------------------------------------------------------------------------
 // The raw-SQL limit of one expiry batch: lock, update, audit and outbox in
@@ -677,22 +683,27 @@ async fn publish_all(
                 batch_size: PUBLISH_BATCH,
                 poll_interval: Duration::from_secs(1),
                 retention: Duration::from_secs(86_400),
+                concurrency: publish_concurrency(),
             },
             Arc::clone(&metrics),
             Arc::new(Health::new(Utc::now(), false, true)),
             TOPIC.into(),
         );
+        // Both pooled connections open, as in a running service.
+        let warm = (pool.get().await?, pool.get().await?);
+        drop(warm);
         // Warm-up batch: connects to the broker and loads the metadata.
         let first = publisher.publish_batch().await?;
         let produce_before = histogram_sum(&metrics, produce_metric);
         let started = Instant::now();
         let mut rows = 0;
+        let never = CancellationToken::new();
         loop {
-            let n = publisher.publish_batch().await?;
-            if n == 0 {
+            let drained = publisher.drain(&never, Duration::from_secs(3600)).await?;
+            rows += drained.published;
+            if !drained.more {
                 break;
             }
-            rows += n;
         }
         ensure!(
             (first + rows) as u64 == total,
@@ -767,6 +778,7 @@ async fn publish_parallel(
                 batch_size: PUBLISH_BATCH,
                 poll_interval: Duration::from_secs(1),
                 retention: Duration::from_secs(86_400),
+                concurrency: 1,
             },
             Arc::new(Metrics::new()),
             Arc::new(Health::new(Utc::now(), false, true)),

@@ -21,6 +21,7 @@ pub mod defaults {
     pub const SHUTDOWN_GRACE: &str = "10s";
     pub const OUTBOX_BATCH_SIZE: &str = "500";
     pub const OUTBOX_POLL_INTERVAL: &str = "1s";
+    pub const OUTBOX_CONCURRENCY: &str = "2";
     pub const OUTBOX_RETENTION: &str = "24h";
     pub const KAFKA_REQUEST_TIMEOUT: &str = "10s";
     pub const KAFKA_CLIENT_ID: &str = "booking-expiration";
@@ -260,6 +261,10 @@ pub struct PublisherArgs {
     /// How long published rows are kept (0s = delete right after publishing).
     #[arg(long, env = "OUTBOX_RETENTION", default_value = defaults::OUTBOX_RETENTION)]
     pub outbox_retention: String,
+    /// Batches in flight at once while a backlog drains (each its own
+    /// transaction and pooled connection; SKIP LOCKED keeps them disjoint).
+    #[arg(long, env = "OUTBOX_CONCURRENCY", default_value = defaults::OUTBOX_CONCURRENCY)]
+    pub outbox_concurrency: String,
 }
 
 /// A PostgreSQL URL that never prints its password.
@@ -390,6 +395,8 @@ pub struct PublisherSettings {
     pub batch_size: u32,
     pub poll_interval: Duration,
     pub retention: Duration,
+    /// Batches in flight at once while a backlog drains (at least 1).
+    pub concurrency: u32,
 }
 
 /// Parses a humantime duration (`500ms`, `1s`, `60s`, `2m`).
@@ -592,6 +599,7 @@ impl PublisherArgs {
                 &self.outbox_poll_interval,
             )?,
             retention: parse_duration("OUTBOX_RETENTION", &self.outbox_retention)?,
+            concurrency: parse_count("OUTBOX_CONCURRENCY", &self.outbox_concurrency, 16)? as u32,
         })
     }
 }

@@ -25,6 +25,7 @@ fn publisher_settings(batch_size: u32) -> PublisherSettings {
         batch_size,
         poll_interval: Duration::from_millis(200),
         retention: Duration::from_secs(3600),
+        concurrency: 2,
     }
 }
 
@@ -477,4 +478,38 @@ async fn retention_removes_only_old_published_rows() {
     );
     let stats = p.refresh_stats().await.unwrap();
     assert_eq!(stats.unpublished, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_with_two_batches_in_flight_publishes_each_row_once() {
+    let db = TestDb::new().await;
+    let topic = create_topic(3).await;
+    expire_into_outbox(&db, 1000, &topic).await;
+    let publisher = publisher(&db, kafka_settings(kafka_bootstrap()), 50, &topic);
+    let shutdown = CancellationToken::new();
+
+    // No budget: the first (full) batch only, and more is waiting.
+    let first = publisher.drain(&shutdown, Duration::ZERO).await.unwrap();
+    assert_eq!((first.published, first.more), (50, true));
+
+    let rest = publisher
+        .drain(&shutdown, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((rest.published, rest.more), (950, false));
+    assert_eq!(unpublished(&db).await, 0);
+
+    let records = read_topic(&topic, 3).await;
+    let mut event_ids: Vec<String> = records
+        .iter()
+        .map(|r| r.header("ce_id").expect("ce_id"))
+        .collect();
+    event_ids.sort();
+    event_ids.dedup();
+    assert_eq!(records.len(), 1000, "no row sent twice");
+    assert_eq!(event_ids.len(), 1000);
+
+    // Idle: one empty claim, nothing more.
+    let idle = publisher.drain(&shutdown, Duration::from_secs(60)).await.unwrap();
+    assert_eq!((idle.published, idle.more), (0, false));
 }

@@ -8,7 +8,7 @@
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, BigInt, Binary, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Array, BigInt, Binary, Nullable, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
@@ -222,7 +222,7 @@ pub struct ExpiryWrite {
 const PERSIST_SQL: &str = "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::uuid[],
-                         $6::uuid[], $7::text[], $8::bytea[], $9::jsonb[])
+                         $6::uuid[], $7::text[], $8::bytea[], $9::text[])
         AS t(id, read_version, from_status, to_status, tenant_id,
              event_id, message_key, payload, headers)
 ), updated AS (
@@ -239,10 +239,22 @@ WITH input AS (
 ), queued AS (
     INSERT INTO booking_expiration_outbox
            (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
-    SELECT i.event_id, $13, i.message_key, i.payload, i.headers, $12, i.tenant_id, $14
+    SELECT i.event_id, $13, i.message_key, i.payload, i.headers::jsonb, $12, i.tenant_id, $14
       FROM input i JOIN updated u ON u.id = i.id
 )
 SELECT id FROM updated";
+
+/// The headers as one JSON object, written straight from the pairs (no
+/// intermediate `serde_json::Value` per row); the statement casts it to jsonb.
+fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
+    struct Object<'a>(&'a [(&'static str, String)]);
+    impl serde::Serialize for Object<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.collect_map(self.0.iter().map(|(name, value)| (name, value)))
+        }
+    }
+    serde_json::to_string(&Object(headers)).map_err(|e| DbError::Encode(e.to_string()))
+}
 
 #[derive(QueryableByName)]
 struct UpdatedId {
@@ -285,14 +297,7 @@ pub async fn persist_expiries(
         event_ids.push(write.message.event_id);
         keys.push(write.message.key.as_str());
         payloads.push(write.message.payload.as_slice());
-        headers.push(serde_json::Value::Object(
-            write
-                .message
-                .headers
-                .iter()
-                .map(|(name, value)| (name.clone(), serde_json::Value::String(value.clone())))
-                .collect(),
-        ));
+        headers.push(headers_json(&write.message.headers)?);
     }
     let updated: Vec<UpdatedId> = diesel::sql_query(PERSIST_SQL)
         .bind::<Array<SqlUuid>, _>(&ids)
@@ -303,7 +308,7 @@ pub async fn persist_expiries(
         .bind::<Array<SqlUuid>, _>(&event_ids)
         .bind::<Array<Text>, _>(&keys)
         .bind::<Array<Binary>, _>(&payloads)
-        .bind::<Array<Jsonb>, _>(&headers)
+        .bind::<Array<Text>, _>(&headers)
         .bind::<Timestamptz, _>(as_of)
         .bind::<Text, _>(SYSTEM_ACTOR)
         .bind::<SqlUuid, _>(run_id.as_uuid())

@@ -26,6 +26,8 @@ pub enum DbError {
     Query(#[from] diesel::result::Error),
     #[error("migration failed: {0}")]
     Migration(String),
+    #[error("cannot encode a value for PostgreSQL: {0}")]
+    Encode(String),
 }
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for DbError {

@@ -2,6 +2,7 @@
 //! batch, for both phases.
 
 use std::{
+    collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -340,6 +341,7 @@ impl ExpiryWorker {
                 &writes,
             )
             .await?;
+            let updated: HashSet<Uuid> = updated.into_iter().collect();
             for write in writes {
                 let id = write.expiry.event.booking_id.as_uuid();
                 if updated.contains(&id) {

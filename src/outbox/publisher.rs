@@ -11,6 +11,7 @@ use std::{
 };
 
 use diesel_async::AsyncConnection;
+use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +45,14 @@ impl From<diesel::result::Error> for PublishError {
     fn from(error: diesel::result::Error) -> Self {
         PublishError::Database(error.into())
     }
+}
+
+/// What [`Publisher::drain`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    pub published: usize,
+    /// The last batch was full: more rows may be waiting.
+    pub more: bool,
 }
 
 /// The outbox publisher.
@@ -135,6 +144,56 @@ impl Publisher {
         Ok(published)
     }
 
+    /// Publishes until the backlog is drained (a batch comes back short),
+    /// `shutdown` is requested, or `budget` has passed. A full first batch
+    /// brings in `concurrency` batches in flight, so one batch's database
+    /// work overlaps another's Kafka round trip: SKIP LOCKED keeps their rows
+    /// disjoint, and with one event per booking no key is in two batches.
+    /// Every batch in flight finishes; the first error is returned after.
+    pub async fn drain(
+        &self,
+        shutdown: &CancellationToken,
+        budget: Duration,
+    ) -> Result<Drained, PublishError> {
+        let started = Instant::now();
+        let full = self.settings.batch_size as usize;
+        let first = self.publish_batch().await?;
+        if first < full {
+            return Ok(Drained {
+                published: first,
+                more: false,
+            });
+        }
+        let lane = async || -> Result<Drained, PublishError> {
+            let mut published = 0;
+            while !shutdown.is_cancelled() && started.elapsed() < budget {
+                let n = self.publish_batch().await?;
+                published += n;
+                if n < full {
+                    return Ok(Drained {
+                        published,
+                        more: false,
+                    });
+                }
+            }
+            Ok(Drained {
+                published,
+                more: true,
+            })
+        };
+        let lanes = (0..self.settings.concurrency.max(1)).map(|_| lane());
+        let mut drained = Drained {
+            published: first,
+            more: false,
+        };
+        for lane in join_all(lanes).await {
+            let lane = lane?;
+            drained.published += lane.published;
+            drained.more |= lane.more;
+        }
+        Ok(drained)
+    }
+
     /// Refreshes the outbox lag gauges.
     pub async fn refresh_stats(&self) -> Result<outbox::OutboxStats, DbError> {
         let mut conn = self.pool.get().await?;
@@ -168,7 +227,7 @@ impl Publisher {
         Ok(total)
     }
 
-    /// Publishes until `shutdown`: at once while batches come back full,
+    /// Publishes until `shutdown`: [`Self::drain`] while batches come back full,
     /// then on each commit notification or poll tick; with backoff while
     /// Kafka or the database fails. A batch in flight at shutdown finishes
     /// (it is bounded by the Kafka request timeout).
@@ -183,10 +242,10 @@ impl Publisher {
             // After a failure only the backoff (not a commit notification)
             // ends the wait, so an outage is not hammered at commit rate.
             let mut wake_on_commit = true;
-            let wait = match self.publish_batch().await {
-                Ok(published) => {
+            let wait = match self.drain(&shutdown, STATS_INTERVAL).await {
+                Ok(drained) => {
                     backoff.reset();
-                    if published == self.settings.batch_size as usize {
+                    if drained.more {
                         None
                     } else {
                         Some(self.settings.poll_interval)
