@@ -96,6 +96,13 @@ impl KafkaSink {
         }
     }
 
+    /// Another sink with the same settings and its own connection: the
+    /// broker handles one request per connection at a time, so batches in
+    /// flight together need a connection each to overlap.
+    pub fn sibling(&self) -> Self {
+        Self::new(self.settings.clone())
+    }
+
     fn compression(&self) -> KafkaCompression {
         match self.settings.compression {
             Compression::None => KafkaCompression::NoCompression,

@@ -39,6 +39,8 @@ pub enum PublishError {
     Kafka(#[from] KafkaError),
     #[error(transparent)]
     Database(#[from] DbError),
+    #[error("publishing task ended: {0}")]
+    Lane(String),
 }
 
 impl From<diesel::result::Error> for PublishError {
@@ -55,10 +57,14 @@ pub struct Drained {
     pub more: bool,
 }
 
-/// The outbox publisher.
+/// The outbox publisher. Clones share the pool, the Kafka connections and
+/// the metrics.
+#[derive(Clone)]
 pub struct Publisher {
     pool: PgPool,
-    sink: KafkaSink,
+    /// One per batch in flight (`concurrency`); the first also serves the
+    /// readiness check.
+    sinks: Arc<[KafkaSink]>,
     clock: Arc<dyn Clock>,
     settings: PublisherSettings,
     metrics: Arc<Metrics>,
@@ -77,9 +83,13 @@ impl Publisher {
         health: Arc<Health>,
         topic: String,
     ) -> Self {
+        let lanes = settings.concurrency.max(1) as usize;
+        let mut sinks = Vec::with_capacity(lanes);
+        sinks.extend((1..lanes).map(|_| sink.sibling()));
+        sinks.insert(0, sink);
         Self {
             pool,
-            sink,
+            sinks: sinks.into(),
             clock,
             settings,
             metrics,
@@ -90,6 +100,10 @@ impl Publisher {
 
     /// Publishes one batch; returns how many rows it published.
     pub async fn publish_batch(&self) -> Result<usize, PublishError> {
+        self.publish_batch_with(&self.sinks[0]).await
+    }
+
+    async fn publish_batch_with(&self, sink: &KafkaSink) -> Result<usize, PublishError> {
         let mut conn = self.pool.get().await.map_err(DbError::from)?;
         let limit = self.settings.batch_size;
         let delete = self.settings.retention.is_zero();
@@ -116,7 +130,7 @@ impl Publisher {
                 }
                 let started = Instant::now();
                 for (topic, records) in by_topic {
-                    self.sink.produce(&topic, records).await?;
+                    sink.produce(&topic, records).await?;
                 }
                 self.metrics
                     .outbox_produce_duration_seconds
@@ -164,34 +178,66 @@ impl Publisher {
                 more: false,
             });
         }
-        let lane = async || -> Result<Drained, PublishError> {
-            let mut published = 0;
-            while !shutdown.is_cancelled() && started.elapsed() < budget {
-                let n = self.publish_batch().await?;
-                published += n;
-                if n < full {
-                    return Ok(Drained {
-                        published,
-                        more: false,
-                    });
-                }
-            }
-            Ok(Drained {
-                published,
-                more: true,
+        // One task per lane, so their client-side work runs on separate
+        // runtime threads as well.
+        let lanes: Vec<_> = (0..self.sinks.len())
+            .map(|lane| {
+                let publisher = self.clone();
+                let shutdown = shutdown.clone();
+                tokio::spawn(async move {
+                    publisher
+                        .drain_lane(lane, &shutdown, started, budget)
+                        .await
+                })
             })
-        };
-        let lanes = (0..self.settings.concurrency.max(1)).map(|_| lane());
+            .collect();
         let mut drained = Drained {
             published: first,
             more: false,
         };
+        let mut first_error = None;
         for lane in join_all(lanes).await {
-            let lane = lane?;
-            drained.published += lane.published;
-            drained.more |= lane.more;
+            match lane {
+                Ok(Ok(lane)) => {
+                    drained.published += lane.published;
+                    drained.more |= lane.more;
+                }
+                Ok(Err(error)) => {
+                    first_error.get_or_insert(error);
+                }
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(join) => {
+                    first_error.get_or_insert(PublishError::Lane(join.to_string()));
+                }
+            }
         }
-        Ok(drained)
+        first_error.map_or(Ok(drained), Err)
+    }
+
+    /// One lane of [`Self::drain`]: full batches through its own sink.
+    async fn drain_lane(
+        &self,
+        lane: usize,
+        shutdown: &CancellationToken,
+        started: Instant,
+        budget: Duration,
+    ) -> Result<Drained, PublishError> {
+        let full = self.settings.batch_size as usize;
+        let mut published = 0;
+        while !shutdown.is_cancelled() && started.elapsed() < budget {
+            let n = self.publish_batch_with(&self.sinks[lane]).await?;
+            published += n;
+            if n < full {
+                return Ok(Drained {
+                    published,
+                    more: false,
+                });
+            }
+        }
+        Ok(Drained {
+            published,
+            more: true,
+        })
     }
 
     /// Refreshes the outbox lag gauges.
@@ -283,7 +329,7 @@ impl Publisher {
             let Some(wait) = wait else { continue };
             if due(last_broker_check, BROKER_CHECK_INTERVAL) {
                 last_broker_check = Some(Instant::now());
-                match self.sink.check_topic(&self.topic).await {
+                match self.sinks[0].check_topic(&self.topic).await {
                     Ok(_) => self.health.set_broker_reachable(true),
                     Err(error) => {
                         self.health.set_broker_reachable(false);
