@@ -1351,9 +1351,7 @@ async fn run() -> Result<()> {
     // publisher run does not pay for it.
     for round in 1..=3 {
         let (rows, secs) = kafka_only(&svc, "tpl_pub").await?;
-        progress!(
-            "publisher: broker warm-up {round}/3, {rows} records in {secs:.3} s (not timed)"
-        );
+        progress!("publisher: broker warm-up {round}/3, {rows} records in {secs:.3} s (not timed)");
     }
     let pub_load = loadavg();
     let (mut pub_rates, mut dbo_rates, mut ko_rates, mut produce_share, mut par_rates) =

@@ -108,12 +108,17 @@ async fn java_consumer_reads_what_the_worker_expired() {
     let mut seen = BTreeMap::new();
     for event in &events {
         let id = uuid(event, "booking_id");
-        let row = stored.get(&id).unwrap_or_else(|| panic!("unknown booking {id}"));
+        let row = stored
+            .get(&id)
+            .unwrap_or_else(|| panic!("unknown booking {id}"));
         assert!(seen.insert(id, ()).is_none(), "{id} twice");
         assert_eq!(text(event, "key"), id.to_string());
         assert_eq!(uuid(event, "tenant_id"), row.tenant_id);
         assert_eq!(Some(uuid(event, "deal_id")), row.deal_id);
-        assert_eq!(Some(uuid(event, "property_object_id")), row.property_object_id);
+        assert_eq!(
+            Some(uuid(event, "property_object_id")),
+            row.property_object_id
+        );
         let phase = match row.status.as_str() {
             "ReserveExpired" => "RESERVE",
             "BookingExpired" => "BOOKING",
@@ -133,7 +138,10 @@ async fn java_consumer_reads_what_the_worker_expired() {
             "{id}: Java's default partitioner disagrees"
         );
         assert_eq!(event["headers"]["ce_id"], event["event_id"]);
-        assert_eq!(event["headers"]["tenant_id"], row.tenant_id.to_string().as_str());
+        assert_eq!(
+            event["headers"]["tenant_id"],
+            row.tenant_id.to_string().as_str()
+        );
     }
     assert_eq!(seen.len(), due, "every due booking arrived");
     let partitions_used: std::collections::BTreeSet<i64> = events

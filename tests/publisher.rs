@@ -510,6 +510,9 @@ async fn drain_with_two_batches_in_flight_publishes_each_row_once() {
     assert_eq!(event_ids.len(), 1000);
 
     // Idle: one empty claim, nothing more.
-    let idle = publisher.drain(&shutdown, Duration::from_secs(60)).await.unwrap();
+    let idle = publisher
+        .drain(&shutdown, Duration::from_secs(60))
+        .await
+        .unwrap();
     assert_eq!((idle.published, idle.more), (0, false));
 }

@@ -160,8 +160,10 @@ impl Publisher {
 
     /// Publishes until the backlog is drained (a batch comes back short),
     /// `shutdown` is requested, or `budget` has passed. A full first batch
-    /// brings in `concurrency` batches in flight, so one batch's database
-    /// work overlaps another's Kafka round trip: SKIP LOCKED keeps their rows
+    /// brings in `concurrency` batches in flight (a task and a Kafka
+    /// connection each: the broker serves one request per connection at a
+    /// time), so one batch's database work overlaps another's Kafka round
+    /// trip. SKIP LOCKED keeps their rows
     /// disjoint, and with one event per booking no key is in two batches.
     /// Every batch in flight finishes; the first error is returned after.
     pub async fn drain(
@@ -184,11 +186,9 @@ impl Publisher {
             .map(|lane| {
                 let publisher = self.clone();
                 let shutdown = shutdown.clone();
-                tokio::spawn(async move {
-                    publisher
-                        .drain_lane(lane, &shutdown, started, budget)
-                        .await
-                })
+                tokio::spawn(
+                    async move { publisher.drain_lane(lane, &shutdown, started, budget).await },
+                )
             })
             .collect();
         let mut drained = Drained {
