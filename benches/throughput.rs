@@ -43,7 +43,7 @@ const PUBLISH_BATCH: u32 = 500;
 fn publish_concurrency() -> u32 {
     booking_expiration::config::defaults::OUTBOX_CONCURRENCY
         .parse()
-        .unwrap_or(1)
+        .expect("OUTBOX_CONCURRENCY's default is a number")
 }
 
 // ---------------------------------------------------------------------------

@@ -3,21 +3,20 @@
 
 use std::sync::{Arc, Mutex};
 
-use chrono::{DateTime, Duration, SubsecRound as _, Utc};
+use chrono::{DateTime, Duration, Utc};
 
 /// A source of the current UTC time.
 pub trait Clock: Send + Sync + std::fmt::Debug {
     fn now(&self) -> DateTime<Utc>;
 }
 
-/// The system clock, at PostgreSQL's precision (microseconds), so a time
-/// written to a row and to an event reads back the same from both.
+/// The system clock.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
-        Utc::now().trunc_subsecs(6)
+        Utc::now()
     }
 }
 

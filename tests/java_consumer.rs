@@ -84,12 +84,7 @@ async fn java_consumer_reads_what_the_worker_expired() {
         "summary line:\n{stderr}"
     );
 
-    let stored: BTreeMap<Uuid, StoredBooking> = db
-        .all_bookings()
-        .await
-        .into_iter()
-        .map(|b| (b.id, b))
-        .collect();
+    let stored = db.bookings_by_id().await;
     let events: Vec<serde_json::Value> = String::from_utf8_lossy(&consumer.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))

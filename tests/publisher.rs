@@ -115,12 +115,7 @@ async fn keyed_round_trip_matches_the_java_partitioner_and_the_contract() {
     assert_eq!(records.len(), 300);
     let keys: Vec<String> = records.iter().map(|r| r.key.clone()).collect();
     let java = java_partitions(&keys, 3);
-    let bookings: BTreeMap<Uuid, StoredBooking> = db
-        .all_bookings()
-        .await
-        .into_iter()
-        .map(|b| (b.id, b))
-        .collect();
+    let bookings = db.bookings_by_id().await;
     let mut partitions_used = std::collections::BTreeSet::new();
     for record in &records {
         assert_eq!(

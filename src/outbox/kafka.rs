@@ -81,8 +81,8 @@ struct Connection {
     topics: HashMap<String, TopicPartitions>,
 }
 
-/// A lazily connected producer. Safe to share; concurrent produce calls
-/// share one connection and run in parallel.
+/// A lazily connected producer. Safe to share; produce calls are serialised
+/// (batches meant to overlap each get a [`KafkaSink::sibling`]).
 pub struct KafkaSink {
     settings: KafkaSettings,
     connection: Mutex<Option<Connection>>,
@@ -292,30 +292,21 @@ impl KafkaSink {
         if records.is_empty() {
             return Ok(());
         }
-        // The lock covers connecting and metadata only, so concurrent
-        // batches produce in parallel over the shared connection.
-        let partitions = {
-            let mut guard = self.connection.lock().await;
-            match self.partitions_locked(&mut guard, topic).await {
-                Ok(partitions) => partitions,
-                Err(error) => {
-                    *guard = None;
-                    return Err(error);
-                }
-            }
-        };
-        let result = self.send(partitions, records).await;
+        let mut guard = self.connection.lock().await;
+        let result = self.produce_locked(&mut guard, topic, records).await;
         if result.is_err() {
-            *self.connection.lock().await = None;
+            *guard = None;
         }
         result
     }
 
-    async fn send(
+    async fn produce_locked(
         &self,
-        partitions: Vec<Arc<PartitionClient>>,
+        guard: &mut Option<Connection>,
+        topic: &str,
         records: Vec<OutgoingRecord>,
     ) -> Result<(), KafkaError> {
+        let partitions = self.partitions_locked(guard, topic).await?;
         let count = partitions.len() as i32;
         let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
         for record in records {

@@ -83,10 +83,10 @@ impl Publisher {
         health: Arc<Health>,
         topic: String,
     ) -> Self {
-        let lanes = settings.concurrency.max(1) as usize;
-        let mut sinks = Vec::with_capacity(lanes);
-        sinks.extend((1..lanes).map(|_| sink.sibling()));
-        sinks.insert(0, sink);
+        let siblings: Vec<KafkaSink> = (1..settings.concurrency.max(1))
+            .map(|_| sink.sibling())
+            .collect();
+        let sinks: Vec<KafkaSink> = std::iter::once(sink).chain(siblings).collect();
         Self {
             pool,
             sinks: sinks.into(),
@@ -163,8 +163,8 @@ impl Publisher {
     /// brings in `concurrency` batches in flight (a task and a Kafka
     /// connection each: the broker serves one request per connection at a
     /// time), so one batch's database work overlaps another's Kafka round
-    /// trip. SKIP LOCKED keeps their rows
-    /// disjoint, and with one event per booking no key is in two batches.
+    /// trip. SKIP LOCKED keeps their rows disjoint, and with one event per
+    /// booking no key is in two batches.
     /// Every batch in flight finishes; the first error is returned after.
     pub async fn drain(
         &self,

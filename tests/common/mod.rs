@@ -200,6 +200,14 @@ impl TestDb {
         .expect("bookings")
     }
 
+    pub async fn bookings_by_id(&self) -> BTreeMap<Uuid, StoredBooking> {
+        self.all_bookings()
+            .await
+            .into_iter()
+            .map(|b| (b.id, b))
+            .collect()
+    }
+
     pub async fn insert(&self, booking: &NewBooking) {
         let mut conn = self.conn().await;
         insert_booking(&mut conn, booking).await;
