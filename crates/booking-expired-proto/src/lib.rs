@@ -114,6 +114,10 @@ pub enum DecodeError {
     UnknownPhase(i32),
     /// `expired_at` is missing.
     MissingExpiredAt,
+    /// The `ce_id` header and the payload's `event_id` name different
+    /// events: the record was altered or assembled from two events, and
+    /// deduplicating on either id would be wrong.
+    EventIdMismatch { header: Uuid, payload: String },
 }
 
 impl std::fmt::Display for DecodeError {
@@ -124,6 +128,10 @@ impl std::fmt::Display for DecodeError {
             Self::InvalidUuid { field, value } => write!(f, "{field} is not a UUID: {value:?}"),
             Self::UnknownPhase(p) => write!(f, "phase {p} is not Reserve or Booking"),
             Self::MissingExpiredAt => write!(f, "expired_at is missing"),
+            Self::EventIdMismatch { header, payload } => write!(
+                f,
+                "header ce_id {header} differs from the payload's event_id {payload:?}"
+            ),
         }
     }
 }
@@ -174,12 +182,19 @@ pub fn decode_record<'a>(
             _ => {}
         }
     }
+    let event_id = ce_id.ok_or(DecodeError::MissingHeader(headers::ID))?;
+    if parse_uuid("event_id", &message.event_id).ok() != Some(event_id) {
+        return Err(DecodeError::EventIdMismatch {
+            header: event_id,
+            payload: message.event_id,
+        });
+    }
     let phase = match v1::Phase::try_from(message.phase) {
         Ok(p @ (v1::Phase::Reserve | v1::Phase::Booking)) => p,
         _ => return Err(DecodeError::UnknownPhase(message.phase)),
     };
     Ok(ReceivedEvent {
-        event_id: ce_id.ok_or(DecodeError::MissingHeader(headers::ID))?,
+        event_id,
         correlation_id: correlation_id
             .ok_or(DecodeError::MissingHeader(headers::CORRELATION_ID))?,
         tenant_id: parse_uuid("tenant_id", &message.tenant_id)?,
@@ -268,6 +283,52 @@ mod tests {
         .expect("valid record");
         assert_eq!(received.phase, v1::Phase::Reserve);
         assert_eq!(received.message.contract_version, CONTRACT_VERSION);
+    }
+
+    #[test]
+    fn rejects_a_ce_id_that_differs_from_the_payload_event_id() {
+        let (value, mut headers) = example_record();
+        let other = "00000000-0000-4000-8000-000000000001";
+        headers[0].1 = other.as_bytes().to_vec();
+        let error = decode_record(
+            &value,
+            headers.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
+        )
+        .expect_err("mismatched ids");
+        assert_eq!(
+            error,
+            DecodeError::EventIdMismatch {
+                header: Uuid::parse_str(other).expect("uuid"),
+                payload: "5f0c6d2e-8f7a-4a7e-9d8c-1b2a3c4d5e6f".into(),
+            }
+        );
+        // The same id in another spelling is the same event.
+        headers[0].1 = b"5F0C6D2E-8F7A-4A7E-9D8C-1B2A3C4D5E6F".to_vec();
+        assert!(
+            decode_record(
+                &value,
+                headers.iter().map(|(k, v)| (k.as_str(), v.as_slice()))
+            )
+            .is_ok()
+        );
+    }
+
+    /// The crate builds from its own copy of the contract (so it can be
+    /// packaged); inside the repository that copy must equal `proto/`.
+    #[test]
+    fn packaged_proto_equals_the_contract() {
+        let path = "pin/crm/booking/v1/booking_expired.proto";
+        let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let contract = crate_dir.join("../../proto").join(path);
+        let Ok(contract) = std::fs::read_to_string(&contract) else {
+            return; // a packaged crate, outside the repository
+        };
+        let copy = std::fs::read_to_string(crate_dir.join("proto").join(path))
+            .expect("the crate's proto copy");
+        assert_eq!(
+            copy, contract,
+            "crates/booking-expired-proto/proto/{path} differs from proto/{path}: copy it over"
+        );
     }
 
     #[test]
