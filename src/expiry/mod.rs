@@ -1,7 +1,10 @@
 //! The sweep: [`ExpiryWorker::run_cycle`] is one cycle over both phases,
-//! [`scheduler::run`] repeats it on the interval until shutdown.
+//! [`scheduler::run`] repeats it until shutdown, waking at each regular tick
+//! and (unless turned off) just after the next known deadline
+//! ([`wake::next_wake`], pure).
 
 mod cycle;
 pub mod scheduler;
+pub mod wake;
 
 pub use cycle::{CycleError, CycleOutcome, CycleReport, ExpiryWorker};
