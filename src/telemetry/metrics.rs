@@ -29,6 +29,8 @@ pub struct Metrics {
     registry: Registry,
     pub cycle_duration_seconds: Histogram,
     pub items: Family<PhaseLabel, Counter>,
+    /// `expired_at` minus the booking's deadline, per phase.
+    pub lateness_seconds: Family<PhaseLabel, Histogram, fn() -> Histogram>,
     pub backlog: Gauge,
     pub skip_locked: Counter,
     pub errors: Counter,
@@ -42,6 +44,14 @@ pub struct Metrics {
     pub outbox_produce_duration_seconds: Histogram,
     pub outbox_commit_to_ack_seconds: Histogram,
     pub outbox_deleted: Counter,
+}
+
+/// Lateness buckets: fine below a second (the deadline wake-up's goal), then
+/// up to the fixed schedule's interval and beyond.
+fn lateness_histogram() -> Histogram {
+    Histogram::new([
+        0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0,
+    ])
 }
 
 impl Default for Metrics {
@@ -65,6 +75,7 @@ impl Metrics {
         let metrics = Self {
             cycle_duration_seconds,
             items: Family::default(),
+            lateness_seconds: Family::new_with_constructor(lateness_histogram),
             backlog: Gauge::default(),
             skip_locked: Counter::default(),
             errors: Counter::default(),
@@ -89,6 +100,11 @@ impl Metrics {
             "crm_booking_expiration_items",
             "Bookings expired, by phase",
             metrics.items.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_lateness_seconds",
+            "Time from a booking's deadline to its expiry (expired_at minus the deadline), by phase",
+            metrics.lateness_seconds.clone(),
         );
         registry.register(
             "crm_booking_expiration_backlog",
@@ -178,11 +194,16 @@ mod tests {
     fn exposes_the_specified_names() {
         let metrics = Metrics::new();
         metrics.items.get_or_create(&Phase::Reserve.into()).inc();
+        metrics
+            .lateness_seconds
+            .get_or_create(&Phase::Booking.into())
+            .observe(0.3);
         let text = metrics.encode();
         for name in [
             "crm_booking_expiration_cycle_duration_seconds_bucket",
             "crm_booking_expiration_items_total{phase=\"reserve\"} 1",
             "crm_booking_expiration_backlog ",
+            "crm_booking_expiration_lateness_seconds_bucket{le=\"0.5\",phase=\"booking\"} 1",
             "crm_booking_expiration_skip_locked_total ",
             "crm_booking_expiration_errors_total ",
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds ",
