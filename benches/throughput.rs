@@ -32,7 +32,7 @@ use diesel::{
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde_json::{Value, json};
-use support::{Services, Stat, count, db_settings, loadavg, num, plot};
+use support::{Services, Stat, count, create_topic, db_settings, kafka_client, loadavg, num, plot};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -631,23 +631,6 @@ fn kafka_settings(svc: &Services) -> KafkaSettings {
         compression: Compression::None,
         sasl: None,
     }
-}
-
-async fn kafka_client(svc: &Services) -> Result<rskafka::client::Client> {
-    Ok(
-        rskafka::client::ClientBuilder::new(vec![svc.kafka_bootstrap.clone()])
-            .build()
-            .await?,
-    )
-}
-
-async fn create_topic(svc: &Services, name: &str, partitions: i32) -> Result<()> {
-    kafka_client(svc)
-        .await?
-        .controller_client()?
-        .create_topic(name, partitions, 1, 10_000)
-        .await?;
-    Ok(())
 }
 
 /// `<name>_sum` of a histogram in the Prometheus text of `metrics`.

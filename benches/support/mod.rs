@@ -1,32 +1,29 @@
 //! The benchmark's plumbing: a throwaway PostgreSQL and Kafka broker started
 //! with the project's own scripts, databases copied from seeded templates,
 //! statistics over repetitions, progress lines and the machine's load.
+//! Servers, databases and topics come from `testkit`, shared with the tests.
 
 pub mod plot;
 
 use std::{
     fs,
     os::unix::fs::PermissionsExt,
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
+    path::PathBuf,
     sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use booking_expiration::config::{DatabaseSettings, DatabaseUrl};
-use diesel::{
-    QueryableByName,
-    sql_types::{BigInt, Text},
-};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel::{QueryableByName, sql_types::Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use std::sync::OnceLock;
-
-/// The crate root (the scripts live there).
-pub fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use testkit::{
+    kafka::Kafka,
+    postgres::{Count, Postgres},
+};
+pub use testkit::{postgres::count, repo};
 
 static START: OnceLock<Instant> = OnceLock::new();
 
@@ -143,12 +140,6 @@ pub fn db_settings(url: &str, pool_size: u32) -> DatabaseSettings {
 }
 
 #[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(QueryableByName)]
 struct OneText {
     #[diesel(sql_type = Text)]
     v: String,
@@ -160,35 +151,11 @@ pub struct Services {
     pub work: PathBuf,
     pub admin_url: String,
     pub kafka_bootstrap: String,
-    kafka_started: bool,
+    // Dropped before `Services::drop` removes the folder: fields drop after
+    // it, so `drop` stops them explicitly (Kafka first, as before).
+    kafka: Option<Kafka>,
+    postgres: Option<Postgres>,
     copies: AtomicU32,
-}
-
-fn script(args: &[&str]) -> Command {
-    let mut command = Command::new("bash");
-    command.current_dir(repo()).args(args).stdin(Stdio::null());
-    command
-}
-
-fn stop_services(work: &Path, kafka: bool) {
-    let kafka_dir = work.join("kafka");
-    let pg_dir = work.join("pg");
-    if kafka {
-        let _ = script(&[
-            "scripts/kafka.sh",
-            "stop",
-            kafka_dir.to_str().unwrap_or_default(),
-        ])
-        .stdout(Stdio::null())
-        .status();
-    }
-    let _ = script(&[
-        "scripts/postgres.sh",
-        "stop",
-        pg_dir.to_str().unwrap_or_default(),
-    ])
-    .stdout(Stdio::null())
-    .status();
 }
 
 impl Services {
@@ -198,73 +165,39 @@ impl Services {
         fs::create_dir_all(&work)?;
         // The postgres OS user owns the cluster inside.
         fs::set_permissions(&work, fs::Permissions::from_mode(0o755))?;
-        let ports = Command::new("python3")
-            .current_dir(repo())
-            .args(["scripts/free-port.py", "2"])
-            .output()
-            .context("run scripts/free-port.py")?;
-        let ports = String::from_utf8(ports.stdout)?;
-        let ports: Vec<&str> = ports.split_whitespace().collect();
-        let [pg_port, kafka_port] = ports[..] else {
-            bail!("scripts/free-port.py printed {ports:?}");
-        };
+        let ports = testkit::free_port_pairs(2);
+        let (pg_port, kafka_port) = (ports[0], ports[1]);
         progress!(
             "starting PostgreSQL on 127.0.0.1:{pg_port} (default settings: fsync and synchronous_commit on)"
         );
-        let pg_dir = work.join("pg");
-        let out = script(&[
-            "scripts/postgres.sh",
-            "start",
-            pg_dir.to_str().unwrap(),
-            pg_port,
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("run scripts/postgres.sh start")?;
-        if !out.status.success() {
-            bail!("scripts/postgres.sh start failed");
-        }
-        let admin_url = String::from_utf8(out.stdout)?.trim().to_owned();
-        let mut services = Services {
-            work: work.clone(),
-            admin_url,
-            kafka_bootstrap: format!("127.0.0.1:{kafka_port}"),
-            kafka_started: false,
-            copies: AtomicU32::new(0),
-        };
+        let postgres = Postgres::start(&work.join("pg"), pg_port, &[])?;
         {
             let work = work.clone();
             tokio::spawn(async move {
                 if tokio::signal::ctrl_c().await.is_ok() {
                     eprintln!("interrupted: stopping Kafka and PostgreSQL");
-                    stop_services(&work, true);
+                    Kafka::stop_dir(&work.join("kafka"));
+                    Postgres::stop_dir(&work.join("pg"));
                     let _ = fs::remove_dir_all(&work);
                     std::process::exit(130);
                 }
             });
         }
+        let mut services = Services {
+            work: work.clone(),
+            admin_url: postgres.admin_url.clone(),
+            kafka_bootstrap: format!("127.0.0.1:{kafka_port}"),
+            kafka: None,
+            postgres: Some(postgres),
+            copies: AtomicU32::new(0),
+        };
         progress!("starting Kafka on {}", services.kafka_bootstrap);
-        services.kafka_started = true;
-        let kafka_dir = work.join("kafka");
-        let status = script(&[
-            "scripts/kafka.sh",
-            "start",
-            kafka_dir.to_str().unwrap(),
-            kafka_port,
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .context("run scripts/kafka.sh start")?;
-        if !status.success() {
-            bail!("scripts/kafka.sh start failed");
-        }
+        services.kafka = Some(Kafka::start(&work.join("kafka"), kafka_port)?);
         Ok(services)
     }
 
     pub fn url_of(&self, db: &str) -> String {
-        let mut url = url::Url::parse(&self.admin_url).expect("admin URL");
-        url.set_path(&format!("/{db}"));
-        url.to_string()
+        testkit::postgres::url_of(&self.admin_url, db).expect("admin URL")
     }
 
     pub async fn admin(&self) -> Result<AsyncPgConnection> {
@@ -272,11 +205,7 @@ impl Services {
     }
 
     pub async fn admin_exec(&self, sql: &str) -> Result<()> {
-        let mut conn = self.admin().await?;
-        conn.batch_execute(sql)
-            .await
-            .with_context(|| sql.to_owned())?;
-        Ok(())
+        testkit::postgres::exec(&self.admin_url, sql).await
     }
 
     /// `SHOW name` on the cluster.
@@ -328,26 +257,27 @@ impl Services {
     }
 
     pub async fn drop_db(&self, db: &str) -> Result<()> {
-        self.admin_exec(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-            .await
+        testkit::postgres::drop_database(&self.admin_url, db).await
     }
 }
 
 impl Drop for Services {
     fn drop(&mut self) {
         progress!("stopping Kafka and PostgreSQL");
-        stop_services(&self.work, self.kafka_started);
+        drop(self.kafka.take());
+        drop(self.postgres.take());
         if std::env::var_os("BENCH_KEEP").is_none() {
             let _ = fs::remove_dir_all(&self.work);
         }
     }
 }
 
-/// `SELECT count(*)`-style query on a connection: the query must return `n`.
-pub async fn count(conn: &mut AsyncPgConnection, sql: &str) -> Result<i64> {
-    let row: Count = diesel::sql_query(sql)
-        .get_result(conn)
-        .await
-        .with_context(|| sql.to_owned())?;
-    Ok(row.n)
+/// A client of the run's broker.
+pub async fn kafka_client(svc: &Services) -> Result<rskafka::client::Client> {
+    testkit::kafka::client(vec![svc.kafka_bootstrap.clone()]).await
+}
+
+/// Creates `name` with `partitions` partitions on the run's broker.
+pub async fn create_topic(svc: &Services, name: &str, partitions: i32) -> Result<()> {
+    testkit::kafka::create_topic(vec![svc.kafka_bootstrap.clone()], name, partitions).await
 }

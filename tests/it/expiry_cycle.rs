@@ -1,13 +1,12 @@
 //! The expiry cycle against a real PostgreSQL: every case of spec §8
 //! except the Kafka half of the SLO (see `publisher.rs`).
 
-mod common;
-
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
 
+use crate::support::*;
 use booking_expiration::{
     db::bookings,
     domain::{BookingExpired, DomainEventSubscriber, Phase, RunId},
@@ -15,7 +14,6 @@ use booking_expiration::{
 };
 use booking_expired_proto::{decode_record, v1};
 use chrono::Duration as ChronoDuration;
-use common::*;
 use diesel::{
     QueryableByName,
     sql_types::{Bytea, Jsonb, Text, Timestamptz, Uuid as SqlUuid},

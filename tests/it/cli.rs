@@ -1,11 +1,9 @@
 //! The binary as operators use it (spec §9): commands, the JSON line of
 //! `once`, exit codes, configuration errors, graceful stop.
 
-mod common;
-
 use std::{process::Stdio, time::Duration};
 
-use common::*;
+use crate::support::*;
 
 fn stderr_of(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

@@ -4,12 +4,11 @@
 //! booking arrives once, its fields decode equal to the database row, and
 //! each record sits on the partition Java's own default partitioner computes
 //! for its key.
-mod common;
 
 use std::{collections::BTreeMap, time::Duration};
 
+use crate::support::*;
 use chrono::{DateTime, Utc};
-use common::*;
 use uuid::Uuid;
 
 const PARTITIONS: i32 = 3;

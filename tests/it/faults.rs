@@ -1,15 +1,14 @@
 //! The fault suite: each test states its invariant, runs the real binary
 //! against real PostgreSQL and Kafka, injects faults, and prints figures.
 
-mod common;
-
 use std::{
     collections::{BTreeMap, HashMap},
     process::Command,
     time::{Duration, Instant},
 };
 
-use common::*;
+use crate::support::*;
+use testkit::{kafka::Kafka, postgres::Postgres};
 
 fn run_command(db_url: &str, topic: &str, extra: &[(&str, &str)]) -> Command {
     let mut command = binary();
@@ -104,6 +103,7 @@ async fn kill_9_at_random_points_loses_nothing_and_expires_once() {
             &[("EXPIRATION_BATCH_SIZE", "200")],
         ));
         let delay = Duration::from_millis(150 + fastrand::u64(0..900));
+        // Deliberate fault timing: SIGKILL at a random point of the run.
         tokio::time::sleep(delay).await;
         running.child.kill().expect("SIGKILL");
         let _ = running.child.wait();
@@ -316,20 +316,9 @@ async fn malformed_rows_are_isolated() {
 /// backlog drains, each booking expires exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_restart_and_killed_connections_heal() {
-    let dir = tempdir("pg-fault");
-    let port = free_port();
-    let pg = |args: &[&str]| run_script("postgres.sh", args);
-    let admin = pg(&["start", &dir, &port.to_string()]).trim().to_owned();
-    let _stop = Defer(Some(Box::new({
-        let dir = dir.clone();
-        move || {
-            let _ = Command::new("bash")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/postgres.sh"))
-                .args(["stop", &dir])
-                .status();
-        }
-    })));
-    let db = TestDb::on(&admin).await;
+    // A server of its own (stopped on drop, after the database below).
+    let pg = Postgres::start(&tempdir("pg-fault"), free_port(), &[]).expect("start PostgreSQL");
+    let db = TestDb::on(&pg.admin_url).await;
     const DUE: i64 = 20_000;
     db.seed_due(DUE as u64, chrono::Utc::now()).await;
     let addr = format!("127.0.0.1:{}", free_port());
@@ -352,15 +341,17 @@ async fn database_restart_and_killed_connections_heal() {
     })
     .await;
     // Database taken away: cycles fail, liveness goes, the process stays.
-    pg(&["stop", &dir]);
+    pg.stop().expect("stop PostgreSQL");
     wait_http_status(&addr, "/healthz", 503, Duration::from_secs(15)).await;
     assert_eq!(http_get(&addr, "/readyz").await.map(|r| r.0), Some(503));
-    pg(&["start", &dir, &port.to_string()]);
+    pg.start_again().expect("start PostgreSQL again");
     // And a fast restart mid-cycle.
     let restart_at = Instant::now();
-    pg(&["restart", &dir]);
+    pg.restart().expect("restart PostgreSQL");
     let mut killed = 0;
     for _ in 0..3 {
+        // Deliberate fault timing: cut the worker's connections three times,
+        // 700 ms apart, while it recovers from the restart.
         tokio::time::sleep(Duration::from_millis(700)).await;
         killed += db
             .count("SELECT count(*) AS n FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'booking-expiration') x")
@@ -401,23 +392,11 @@ async fn database_restart_and_killed_connections_heal() {
 /// no hung task, rows wait, the worker keeps expiring, everything arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_stopped_and_restarted_loses_nothing() {
-    let dir = tempdir("kafka-fault");
-    let port = free_port_pair();
-    let kafka = |args: &[&str]| run_script("kafka.sh", args);
-    let start = |dir: &str| kafka(&["start", dir, &port.to_string()]);
-    start(&dir);
-    let _stop = Defer(Some(Box::new({
-        let dir = dir.clone();
-        move || {
-            let _ = Command::new("bash")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka.sh"))
-                .args(["stop", &dir])
-                .status();
-        }
-    })));
-    let bootstrap = format!("127.0.0.1:{port}");
+    // A broker of its own (stopped on drop).
+    let kafka = Kafka::start(&tempdir("kafka-fault"), free_port_pair()).expect("start Kafka");
+    let bootstrap = kafka.bootstrap();
     let topic = "pin.crm.booking-expired.v1";
-    kafka(&["create-topic", &port.to_string(), topic, "3"]);
+    kafka.create_topic(topic, 3).expect("create the topic");
 
     let db = TestDb::new().await;
     const FIRST: i64 = 3_000;
@@ -437,7 +416,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
         db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL").await > 0
     })
     .await;
-    kafka(&["stop", &dir]);
+    kafka.stop().expect("stop Kafka");
     let down_at = Instant::now();
     // While Kafka is down: more bookings become due and still expire.
     db.seed_due(2_000, chrono::Utc::now()).await;
@@ -457,7 +436,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
         .await;
     assert!(waiting > 0, "rows wait in the outbox");
     assert!(running.child.try_wait().unwrap().is_none());
-    start(&dir);
+    kafka.start_again().expect("start Kafka again");
     let up_at = Instant::now();
     wait_until(
         "everything published after the broker returned",

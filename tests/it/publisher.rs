@@ -2,10 +2,9 @@
 //! broker: contract of the message, partitioning equal to the Java
 //! client's, at-least-once under crashes and broker outages.
 
-mod common;
-
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
+use crate::support::*;
 use booking_expiration::{
     clock::{Clock, ManualClock, SystemClock},
     config::{KafkaSettings, PublisherSettings},
@@ -14,7 +13,6 @@ use booking_expiration::{
     telemetry::{Health, Metrics},
 };
 use booking_expired_proto::{decode_record, partition_for_key, v1};
-use common::*;
 use diesel_async::RunQueryDsl;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -74,7 +72,9 @@ async fn expire_into_outbox(db: &TestDb, n: u64, topic: &str) {
     );
 }
 
-async fn drain(publisher: &Publisher) -> usize {
+/// Calls `publish_batch` until a claim comes back empty; returns the rows
+/// published. (Not `Publisher::drain`, the shutdown drain with a budget.)
+async fn publish_until_empty(publisher: &Publisher) -> usize {
     let mut total = 0;
     loop {
         let published = publisher.publish_batch().await.expect("publish");
@@ -101,7 +101,7 @@ async fn keyed_round_trip_matches_the_java_partitioner_and_the_contract() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 300, &topic).await;
-    let published = drain(&publisher(
+    let published = publish_until_empty(&publisher(
         &db,
         kafka_settings(kafka_bootstrap()),
         128,
@@ -223,7 +223,7 @@ async fn two_publishers_never_publish_one_row_twice() {
             Arc::new(SystemClock),
             &topic,
         );
-        tasks.push(tokio::spawn(async move { drain(&p).await }));
+        tasks.push(tokio::spawn(async move { publish_until_empty(&p).await }));
     }
     let mut total = 0;
     for task in tasks {
@@ -271,7 +271,7 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
     .await;
 
     assert_eq!(
-        drain(&publisher(
+        publish_until_empty(&publisher(
             &db,
             kafka_settings(kafka_bootstrap()),
             500,
@@ -318,7 +318,7 @@ async fn unreachable_broker_is_a_bounded_error_and_rows_wait() {
 
     // The broker is back (here: the real one): everything arrives.
     assert_eq!(
-        drain(&publisher(
+        publish_until_empty(&publisher(
             &db,
             kafka_settings(kafka_bootstrap()),
             500,
@@ -383,7 +383,10 @@ async fn missing_topic_is_a_clear_error_unless_creation_is_enabled() {
     let mut creating = kafka_settings(kafka_bootstrap());
     creating.create_topic = true;
     creating.topic_partitions = 2;
-    assert_eq!(drain(&publisher(&db, creating, 500, &topic)).await, 10);
+    assert_eq!(
+        publish_until_empty(&publisher(&db, creating, 500, &topic)).await,
+        10
+    );
     assert_eq!(read_topic(&topic, 2).await.len(), 10);
 }
 
@@ -412,8 +415,21 @@ async fn commit_notification_wakes_the_publisher_within_a_second() {
         let (publisher, wake, token) = (Arc::clone(&publisher), Arc::clone(&wake), token.clone());
         tokio::spawn(async move { publisher.run(wake, token).await })
     };
-    // Let the publisher go idle on its 60 s poll first.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The first commit must find the listener LISTENing (notifications sent
+    // before are not queued for it); the publisher then waits on its 60 s poll.
+    wait_until(
+        "the listener to LISTEN",
+        Duration::from_secs(10),
+        || async {
+            db.count(
+                "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND query LIKE 'LISTEN %'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
     let mut latencies = Vec::new();
     for round in 0..5 {
         let db_ref = &db;

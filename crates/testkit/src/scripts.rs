@@ -1,0 +1,82 @@
+//! The repository's scripts (`scripts/*.sh`), free loopback ports and
+//! scratch folders the `postgres` OS user can enter.
+
+use std::{
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, ensure};
+
+/// The repository root (where `scripts/` lives).
+pub fn repo() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+}
+
+/// `bash scripts/NAME`, run from the repository root, stdin closed.
+pub fn script(name: &str) -> Command {
+    let mut command = Command::new("bash");
+    command
+        .current_dir(repo())
+        .arg(repo().join("scripts").join(name))
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs `bash scripts/NAME ARGS...` and returns its stdout; an error carries
+/// its stderr.
+pub fn run_script(name: &str, args: &[&str]) -> Result<String> {
+    let out = script(name)
+        .args(args)
+        .output()
+        .with_context(|| format!("run scripts/{name}"))?;
+    ensure!(
+        out.status.success(),
+        "scripts/{name} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A free loopback port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a loopback port")
+}
+
+/// A free port whose successor is free too (Kafka's controller port).
+pub fn free_port_pair() -> u16 {
+    free_port_pairs(1)[0]
+}
+
+/// `n` distinct [`free_port_pair`]s (what `scripts/free-port.py N` prints).
+pub fn free_port_pairs(n: usize) -> Vec<u16> {
+    let mut found = Vec::with_capacity(n);
+    while found.len() < n {
+        let port = free_port();
+        if port < 65000
+            && !found.contains(&port)
+            && !found.contains(&(port - 1))
+            && !found.contains(&(port + 1))
+            && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok()
+        {
+            found.push(port);
+        }
+    }
+    found
+}
+
+/// A fresh folder under the temporary directory that the `postgres` OS user
+/// can enter (it owns a cluster started inside).
+pub fn tempdir(prefix: &str) -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "booking-expiration-{prefix}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    Ok(dir)
+}

@@ -1,0 +1,12 @@
+//! The integration tests, one binary, against the real PostgreSQL and
+//! Apache Kafka that the test command starts (`bash scripts/test.sh`; see
+//! README). One module per subject; run one with
+//! `bash scripts/test.sh --test it faults::`.
+
+mod support;
+
+mod cli;
+mod expiry_cycle;
+mod faults;
+mod java_consumer;
+mod publisher;

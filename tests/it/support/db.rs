@@ -1,0 +1,269 @@
+//! A fresh, migrated database per test on the test PostgreSQL, dropped when
+//! the test ends (passed or failed), and booking fixtures.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use booking_expiration::{
+    clock::{Clock, ManualClock},
+    config::{DatabaseSettings, ExpirySettings},
+    db::{self, PgPool},
+    expiry::ExpiryWorker,
+    telemetry::Metrics,
+};
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::{admin_url, database_settings, expiry_settings};
+
+/// The prefix of every test database's name (`scripts/test.sh` checks that
+/// none is left after a run).
+const TEST_DB_PREFIX: &str = "be_test_";
+
+/// A database of its own for one test; dropped (`WITH (FORCE)`) on drop.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub settings: DatabaseSettings,
+    pub pool: PgPool,
+    admin: String,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        Self::on(&admin_url()).await
+    }
+
+    /// A fresh, migrated database on another server.
+    pub async fn on(admin: &str) -> Self {
+        let db = Self::empty_on(admin).await;
+        db::migrate::run_migrations(&db.settings)
+            .await
+            .expect("migrations apply");
+        db
+    }
+
+    /// A fresh database without the schema.
+    pub async fn empty() -> Self {
+        Self::empty_on(&admin_url()).await
+    }
+
+    async fn empty_on(admin: &str) -> Self {
+        let name = format!("{TEST_DB_PREFIX}{}", Uuid::new_v4().simple());
+        let url = testkit::postgres::create_database(admin, &name)
+            .await
+            .expect("create the test database");
+        let settings = database_settings(&url);
+        let pool = db::build_pool(&settings);
+        Self {
+            name,
+            url,
+            settings,
+            pool,
+            admin: admin.to_owned(),
+        }
+    }
+
+    pub async fn conn(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.url)
+            .await
+            .expect("connect to test database")
+    }
+
+    pub fn worker(&self, clock: &ManualClock, batch_size: u32) -> ExpiryWorker {
+        self.worker_with(clock, expiry_settings(batch_size))
+    }
+
+    pub fn worker_with(&self, clock: &ManualClock, settings: ExpirySettings) -> ExpiryWorker {
+        ExpiryWorker::new(
+            self.pool.clone(),
+            Arc::new(clock.clone()) as Arc<dyn Clock>,
+            settings,
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        let mut conn = self.conn().await;
+        testkit::postgres::count(&mut conn, sql)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    pub async fn exec_sql(&self, sql: &str) {
+        let mut conn = self.conn().await;
+        diesel::sql_query(sql)
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    pub async fn booking(&self, id: Uuid) -> StoredBooking {
+        let mut conn = self.conn().await;
+        diesel::sql_query(
+            "SELECT id, tenant_id, deal_id, property_object_id, status, reserve_expires_at, \
+             booking_expires_at, expired_at, updated_at, version FROM bookings WHERE id = $1",
+        )
+        .bind::<SqlUuid, _>(id)
+        .get_result(&mut conn)
+        .await
+        .expect("booking exists")
+    }
+
+    pub async fn all_bookings(&self) -> Vec<StoredBooking> {
+        let mut conn = self.conn().await;
+        diesel::sql_query(
+            "SELECT id, tenant_id, deal_id, property_object_id, status, reserve_expires_at, \
+             booking_expires_at, expired_at, updated_at, version FROM bookings ORDER BY id",
+        )
+        .load(&mut conn)
+        .await
+        .expect("bookings")
+    }
+
+    pub async fn bookings_by_id(&self) -> BTreeMap<Uuid, StoredBooking> {
+        self.all_bookings()
+            .await
+            .into_iter()
+            .map(|b| (b.id, b))
+            .collect()
+    }
+
+    pub async fn insert(&self, booking: &NewBooking) {
+        let mut conn = self.conn().await;
+        insert_booking(&mut conn, booking).await;
+    }
+
+    pub async fn insert_all(&self, bookings: &[NewBooking]) {
+        let mut conn = self.conn().await;
+        for booking in bookings {
+            insert_booking(&mut conn, booking).await;
+        }
+    }
+
+    /// `n` due bookings of each active status mix, deadlines before `as_of`.
+    pub async fn seed_due(&self, n: u64, as_of: DateTime<Utc>) {
+        let mut conn = self.conn().await;
+        db::seed::seed(
+            &mut conn,
+            &db::seed::SeedPlan {
+                active: n,
+                due_fraction: 1.0,
+                inactive: 0,
+                poison: 0,
+                as_of,
+                spread: Duration::from_secs(600),
+            },
+        )
+        .await
+        .expect("seed");
+    }
+}
+
+impl Drop for TestDb {
+    /// Drops the database when its test ends, also when the test panicked.
+    /// `drop` may run on the test's runtime thread (where blocking on a
+    /// future panics), so the `DROP DATABASE` runs on a thread of its own
+    /// with its own runtime, bounded; a failure is reported, never raised
+    /// (a panic while unwinding would abort the whole test binary).
+    fn drop(&mut self) {
+        let (admin, name) = (self.admin.clone(), self.name.clone());
+        let dropper = std::thread::Builder::new()
+            .name(format!("drop {name}"))
+            .spawn(move || -> anyhow::Result<()> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
+                runtime.block_on(async {
+                    tokio::time::timeout(
+                        Duration::from_secs(30),
+                        testkit::postgres::drop_database(&admin, &name),
+                    )
+                    .await?
+                })
+            });
+        let outcome = match dropper {
+            Ok(thread) => thread
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the dropping thread panicked"))),
+            Err(error) => Err(error.into()),
+        };
+        if let Err(error) = outcome {
+            eprintln!(
+                "warning: test database {} not dropped: {error:#}",
+                self.name
+            );
+        }
+    }
+}
+
+/// A stored booking, for assertions: the repository's own row type.
+pub type StoredBooking = booking_expiration::db::bookings::BookingRow;
+
+/// A booking to insert.
+#[derive(Debug, Clone)]
+pub struct NewBooking {
+    pub id: Uuid,
+    pub tenant_id: Uuid,
+    pub deal_id: Option<Uuid>,
+    pub property_object_id: Option<Uuid>,
+    pub status: String,
+    pub reserve_expires_at: Option<DateTime<Utc>>,
+    pub booking_expires_at: Option<DateTime<Utc>>,
+    pub version: i64,
+}
+
+impl NewBooking {
+    pub fn new(status: &str) -> Self {
+        Self {
+            id: Uuid::new_v4(),
+            tenant_id: Uuid::new_v4(),
+            deal_id: Some(Uuid::new_v4()),
+            property_object_id: Some(Uuid::new_v4()),
+            status: status.to_owned(),
+            reserve_expires_at: None,
+            booking_expires_at: None,
+            version: 1,
+        }
+    }
+
+    pub fn reserve_deadline(mut self, at: DateTime<Utc>) -> Self {
+        self.reserve_expires_at = Some(at);
+        self
+    }
+
+    pub fn booking_deadline(mut self, at: DateTime<Utc>) -> Self {
+        self.booking_expires_at = Some(at);
+        self
+    }
+
+    pub fn without_deal(mut self) -> Self {
+        self.deal_id = None;
+        self
+    }
+
+    pub fn without_property_object(mut self) -> Self {
+        self.property_object_id = None;
+        self
+    }
+}
+
+async fn insert_booking(conn: &mut AsyncPgConnection, b: &NewBooking) {
+    diesel::sql_query(
+        "INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status, \
+         reserve_expires_at, booking_expires_at, created_at, updated_at, version) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, '2027-01-01T00:00:00Z', '2027-01-01T00:00:00Z', $8)",
+    )
+    .bind::<SqlUuid, _>(b.id)
+    .bind::<SqlUuid, _>(b.tenant_id)
+    .bind::<Nullable<SqlUuid>, _>(b.deal_id)
+    .bind::<Nullable<SqlUuid>, _>(b.property_object_id)
+    .bind::<Text, _>(&b.status)
+    .bind::<Nullable<Timestamptz>, _>(b.reserve_expires_at)
+    .bind::<Nullable<Timestamptz>, _>(b.booking_expires_at)
+    .bind::<BigInt, _>(b.version)
+    .execute(conn)
+    .await
+    .expect("insert booking");
+}

@@ -1,0 +1,144 @@
+//! Child processes: the binary under test and a handle that drains its
+//! stderr and kills it if the test fails, SIGTERM and waiting for exit,
+//! plain HTTP against its endpoints, free ports and scratch folders.
+
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+pub use testkit::{free_port, free_port_pair};
+
+use super::wait_until;
+
+/// The binary under test, without the settings a developer's shell may have.
+pub fn binary() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_booking-expiration"));
+    for name in [
+        "DATABASE_URL",
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "KAFKA_TOPIC",
+        "EXPIRATION_INTERVAL",
+        "EXPIRATION_BATCH_SIZE",
+        "METRICS_ADDR",
+    ] {
+        command.env_remove(name);
+    }
+    command.env("RUST_LOG", "info");
+    command
+}
+
+/// A fresh folder the `postgres` OS user can enter.
+pub fn tempdir(prefix: &str) -> PathBuf {
+    testkit::tempdir(prefix).expect("create a scratch folder")
+}
+
+/// A plain HTTP GET; returns (status, body), or None while nothing listens.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((status, body))
+}
+
+/// Waits until `GET path` answers with `status`.
+pub async fn wait_http_status(addr: &str, path: &str, status: u16, timeout: Duration) {
+    wait_until(&format!("{path} to answer {status}"), timeout, || async {
+        http_get(addr, path).await.is_some_and(|(s, _)| s == status)
+    })
+    .await;
+}
+
+/// Sends SIGTERM to a child process.
+pub fn terminate(child: &std::process::Child) {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// Waits for a child to exit, killing it after `timeout`.
+pub async fn wait_exit(
+    child: &mut std::process::Child,
+    timeout: Duration,
+) -> std::process::ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("process did not exit within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A running binary: its stderr is drained on a thread (a full pipe would
+/// block the process) and it is killed if the test fails before stopping it.
+pub struct Running {
+    pub child: std::process::Child,
+    stderr: Arc<Mutex<String>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn spawn(mut command: std::process::Command) -> Self {
+        command.stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().expect("spawn the binary");
+        let mut pipe = child.stderr.take().expect("stderr pipe");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let reader = std::thread::spawn(move || {
+            use std::io::BufRead;
+            let reader = std::io::BufReader::new(&mut pipe);
+            for line in reader.lines().map_while(Result::ok) {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Self {
+            child,
+            stderr,
+            reader: Some(reader),
+        }
+    }
+
+    /// Everything written to stderr so far (all of it once exited).
+    pub fn stderr(&mut self) -> String {
+        if self.child.try_wait().ok().flatten().is_some()
+            && let Some(reader) = self.reader.take()
+        {
+            let _ = reader.join();
+        }
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn terminate(&self) {
+        terminate(&self.child);
+    }
+
+    pub async fn wait(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        wait_exit(&mut self.child, timeout).await
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
