@@ -316,7 +316,10 @@ async fn unreachable_broker_is_a_bounded_error_and_rows_wait() {
         "bounded: {:?}",
         started.elapsed()
     );
-    assert!(matches!(error, PublishError::Sink(SinkError::Kafka(_))), "{error}");
+    assert!(
+        matches!(error, PublishError::Sink(SinkError::Kafka(_))),
+        "{error}"
+    );
     assert_eq!(unpublished(&db).await, 50, "rows wait in the outbox");
 
     // The broker is back (here: the real one): everything arrives.
@@ -360,7 +363,10 @@ async fn broker_that_never_answers_times_out_instead_of_hanging() {
         started.elapsed()
     );
     assert!(
-        matches!(error, PublishError::Sink(SinkError::Kafka(KafkaError::Timeout { .. }))),
+        matches!(
+            error,
+            PublishError::Sink(SinkError::Kafka(KafkaError::Timeout { .. }))
+        ),
         "{error}"
     );
     assert_eq!(unpublished(&db).await, 20);
@@ -377,7 +383,10 @@ async fn missing_topic_is_a_clear_error_unless_creation_is_enabled() {
         .await
         .unwrap_err();
     assert!(
-        matches!(error, PublishError::Sink(SinkError::Kafka(KafkaError::TopicMissing(_)))),
+        matches!(
+            error,
+            PublishError::Sink(SinkError::Kafka(KafkaError::TopicMissing(_)))
+        ),
         "{error}"
     );
     assert!(error.to_string().contains("does not exist"), "{error}");

@@ -106,8 +106,7 @@ impl RetentionSweep {
     /// One sweep, in small batches until none is left; returns how many
     /// rows it deleted.
     pub async fn run_once(&self) -> Result<usize, DbError> {
-        let retention =
-            chrono::Duration::from_std(self.retention).unwrap_or(chrono::Duration::MAX);
+        let retention = chrono::Duration::from_std(self.retention).unwrap_or(chrono::Duration::MAX);
         let Some(cutoff) = self.clock.now().checked_sub_signed(retention) else {
             return Ok(0);
         };
@@ -130,7 +129,9 @@ impl RetentionSweep {
         every(RETENTION_INTERVAL, &shutdown, || async {
             match self.run_once().await {
                 Ok(0) => {}
-                Ok(deleted) => tracing::info!(deleted, "published outbox rows removed by retention"),
+                Ok(deleted) => {
+                    tracing::info!(deleted, "published outbox rows removed by retention")
+                }
                 Err(error) => {
                     tracing::warn!(error = %ErrorChain(&error), "outbox retention sweep failed")
                 }
