@@ -11,7 +11,7 @@ use crate::{
     config::{self, ConfigError, DatabaseArgs, ExpiryArgs, KafkaArgs, PublisherArgs, SeedArgs},
     db::{self, DbError},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
-    outbox::{self, KafkaSink, Publisher},
+    outbox::{self, KafkaSink, LagStats, Publisher, RetentionSweep},
     telemetry::{ErrorChain, Health, Metrics, http},
 };
 
@@ -177,6 +177,7 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
             Arc::clone(&wake),
             shutdown.clone(),
         ));
+        let retention = publisher_settings.retention;
         let publisher = Publisher::new(
             pool.clone(),
             KafkaSink::new(kafka_settings),
@@ -186,8 +187,27 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
             Arc::clone(&health),
             expiry_settings.topic.clone(),
         );
+        // Four tasks, each with its own schedule: publishing (wake-up,
+        // backoff), the broker readiness check, the lag gauges, retention.
+        let (p, stop) = (publisher.clone(), shutdown.clone());
+        tasks.spawn(async move { p.run(wake, stop).await });
         let stop = shutdown.clone();
-        tasks.spawn(async move { publisher.run(wake, stop).await });
+        tasks.spawn(async move { publisher.run_broker_check(stop).await });
+        tasks.spawn(
+            LagStats::new(pool.clone(), Arc::clone(&clock), Arc::clone(&metrics))
+                .run(shutdown.clone()),
+        );
+        if !retention.is_zero() {
+            tasks.spawn(
+                RetentionSweep::new(
+                    pool.clone(),
+                    Arc::clone(&clock),
+                    retention,
+                    Arc::clone(&metrics),
+                )
+                .run(shutdown.clone()),
+            );
+        }
     }
 
     shutdown.cancelled().await;

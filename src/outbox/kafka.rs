@@ -1,6 +1,7 @@
-//! The Kafka side of the publisher, on rskafka: bounded in time everywhere,
-//! keyed partitioning that agrees with the Java client, and a connection
-//! that is rebuilt from scratch after any failure.
+//! The Kafka side of the publisher, on rskafka: each call bounded by one
+//! request timeout whatever steps it takes, keyed partitioning that agrees
+//! with the Java client, and a connection that is rebuilt from scratch
+//! after any failure.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -9,7 +10,6 @@ use std::{
 };
 
 use booking_expired_proto::partition_for_key;
-use chrono::{DateTime, Utc};
 use futures_util::future::try_join_all;
 use rskafka::{
     BackoffConfig,
@@ -21,6 +21,8 @@ use rskafka::{
 };
 use tokio::sync::Mutex;
 
+pub use super::sink::OutgoingRecord;
+use super::sink::{Sink, SinkError};
 use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::ErrorChain,
@@ -62,13 +64,48 @@ pub enum KafkaError {
     },
 }
 
-/// A record to produce, with its key.
-#[derive(Debug, Clone)]
-pub struct OutgoingRecord {
-    pub key: String,
-    pub value: Vec<u8>,
-    pub headers: BTreeMap<String, Vec<u8>>,
-    pub timestamp: DateTime<Utc>,
+/// The time budget of one call. Every step of a call (waiting for the
+/// connection, connect, metadata, topic creation, leader lookups, produce)
+/// runs against the same deadline, so a call on a fresh connection takes at
+/// most one `KAFKA_REQUEST_TIMEOUT`, not one per step.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+}
+
+impl Budget {
+    fn start(timeout: Duration) -> Self {
+        Self {
+            deadline: tokio::time::Instant::now() + timeout,
+            timeout,
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        self.deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    fn timed_out(&self, operation: &'static str) -> KafkaError {
+        KafkaError::Timeout {
+            operation,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Runs one step of the call within what is left of the budget.
+    async fn step<T>(
+        &self,
+        operation: &'static str,
+        future: impl Future<Output = Result<T, rskafka::client::error::Error>>,
+    ) -> Result<T, KafkaError> {
+        match tokio::time::timeout_at(self.deadline, future).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(source)) => Err(KafkaError::Request { operation, source }),
+            Err(_) => Err(self.timed_out(operation)),
+        }
+    }
 }
 
 struct TopicPartitions {
@@ -82,7 +119,7 @@ struct Connection {
 }
 
 /// A lazily connected producer. Safe to share; produce calls are serialised
-/// (batches meant to overlap each get a [`KafkaSink::sibling`]).
+/// (batches meant to overlap each get a [`Sink::sibling`]).
 pub struct KafkaSink {
     settings: KafkaSettings,
     connection: Mutex<Option<Connection>>,
@@ -94,13 +131,6 @@ impl KafkaSink {
             settings,
             connection: Mutex::new(None),
         }
-    }
-
-    /// Another sink with the same settings and its own connection: the
-    /// broker handles one request per connection at a time, so batches in
-    /// flight together need a connection each to overlap.
-    pub fn sibling(&self) -> Self {
-        Self::new(self.settings.clone())
     }
 
     fn compression(&self) -> KafkaCompression {
@@ -115,28 +145,16 @@ impl KafkaSink {
         }
     }
 
-    async fn bounded<T>(
-        &self,
-        operation: &'static str,
-        future: impl Future<Output = Result<T, rskafka::client::error::Error>>,
-    ) -> Result<T, KafkaError> {
-        let timeout = self.settings.request_timeout;
-        match tokio::time::timeout(timeout, future).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(source)) => Err(KafkaError::Request { operation, source }),
-            Err(_) => Err(KafkaError::Timeout { operation, timeout }),
-        }
-    }
-
-    async fn connect(&self) -> Result<Client, KafkaError> {
-        let timeout = self.settings.request_timeout;
+    async fn connect(&self, budget: &Budget) -> Result<Client, KafkaError> {
         // rskafka retries forever by default; the deadline turns a dead
         // broker into an error the publisher can count and back off from.
+        // It is the client's for its whole life (its partition clients
+        // retry with it too); each call's own budget cuts in first anyway.
         let backoff = BackoffConfig {
             init_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             base: 2.0,
-            deadline: Some(timeout),
+            deadline: Some(self.settings.request_timeout),
         };
         let mut builder = ClientBuilder::new(self.settings.bootstrap_servers.clone())
             .client_id(self.settings.client_id.clone())
@@ -150,13 +168,10 @@ impl KafkaSink {
             });
         }
         let servers = self.settings.bootstrap_servers.join(",");
-        match tokio::time::timeout(timeout, builder.build()).await {
+        match tokio::time::timeout_at(budget.deadline, builder.build()).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(source)) => Err(KafkaError::Connect { servers, source }),
-            Err(_) => Err(KafkaError::Timeout {
-                operation: "connect",
-                timeout,
-            }),
+            Err(_) => Err(budget.timed_out("connect")),
         }
     }
 
@@ -164,8 +179,9 @@ impl KafkaSink {
         &self,
         client: &Client,
         topic: &str,
+        budget: &Budget,
     ) -> Result<Option<usize>, KafkaError> {
-        let topics = self.bounded("metadata", client.list_topics()).await?;
+        let topics = budget.step("metadata", client.list_topics()).await?;
         Ok(topics
             .into_iter()
             .find(|t| t.name == topic)
@@ -176,8 +192,9 @@ impl KafkaSink {
         &self,
         client: &Client,
         topic: &str,
+        budget: &Budget,
     ) -> Result<TopicPartitions, KafkaError> {
-        let mut count = self.partition_count(client, topic).await?;
+        let mut count = self.partition_count(client, topic, budget).await?;
         if count.is_none() && self.settings.create_topic {
             let controller = client
                 .controller_client()
@@ -185,10 +202,9 @@ impl KafkaSink {
                     operation: "create topic",
                     source,
                 })?;
-            let timeout_ms =
-                i32::try_from(self.settings.request_timeout.as_millis()).unwrap_or(i32::MAX);
-            let created = self
-                .bounded(
+            let timeout_ms = i32::try_from(budget.remaining().as_millis()).unwrap_or(i32::MAX);
+            let created = budget
+                .step(
                     "create topic",
                     controller.create_topic(
                         topic,
@@ -209,7 +225,7 @@ impl KafkaSink {
                     tracing::warn!(topic, error = %ErrorChain(&error), "topic creation failed")
                 }
             }
-            count = self.partition_count(client, topic).await?;
+            count = self.partition_count(client, topic, budget).await?;
         }
         let count = count.ok_or_else(|| KafkaError::TopicMissing(topic.to_owned()))?;
         if count == 0 {
@@ -217,8 +233,8 @@ impl KafkaSink {
         }
         let mut partitions = Vec::with_capacity(count);
         for partition in 0..count as i32 {
-            let client = self
-                .bounded(
+            let client = budget
+                .step(
                     "leader lookup",
                     client.partition_client(topic, partition, UnknownTopicHandling::Error),
                 )
@@ -234,9 +250,10 @@ impl KafkaSink {
     /// Checks that the broker answers and the topic exists (creating it
     /// when allowed); returns its partition count.
     pub async fn check_topic(&self, topic: &str) -> Result<usize, KafkaError> {
-        let mut guard = self.connection.lock().await;
+        let budget = Budget::start(self.settings.request_timeout);
+        let mut guard = self.lock(&budget).await?;
         let result = self
-            .partitions_locked(&mut guard, topic)
+            .partitions_locked(&mut guard, topic, &budget)
             .await
             .map(|p| p.len());
         if result.is_err() {
@@ -245,14 +262,26 @@ impl KafkaSink {
         result
     }
 
+    /// The connection, waited for within the call's budget (another call
+    /// on this sink may hold it).
+    async fn lock(
+        &self,
+        budget: &Budget,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Connection>>, KafkaError> {
+        tokio::time::timeout_at(budget.deadline, self.connection.lock())
+            .await
+            .map_err(|_| budget.timed_out("connection wait"))
+    }
+
     async fn partitions_locked(
         &self,
         guard: &mut Option<Connection>,
         topic: &str,
+        budget: &Budget,
     ) -> Result<Vec<Arc<PartitionClient>>, KafkaError> {
         if guard.is_none() {
             *guard = Some(Connection {
-                client: self.connect().await?,
+                client: self.connect(budget).await?,
                 topics: HashMap::new(),
             });
         }
@@ -264,7 +293,7 @@ impl KafkaSink {
             .get(topic)
             .is_some_and(|t| t.fetched_at.elapsed() < METADATA_TTL);
         if !fresh {
-            let loaded = self.load_topic(&connection.client, topic).await?;
+            let loaded = self.load_topic(&connection.client, topic, budget).await?;
             if let Some(previous) = connection.topics.get(topic)
                 && previous.partitions.len() != loaded.partitions.len()
             {
@@ -282,8 +311,9 @@ impl KafkaSink {
 
     /// Produces records to `topic`, each to the partition the Java client
     /// would choose for its key, and returns once every partition's leader
-    /// acknowledged (acks = all). Any failure drops the connection so the
-    /// next call starts from fresh metadata.
+    /// acknowledged (acks = all). The whole call, connection setup
+    /// included, takes at most one request timeout. Any failure drops the
+    /// connection so the next call starts from fresh metadata.
     pub async fn produce(
         &self,
         topic: &str,
@@ -292,8 +322,11 @@ impl KafkaSink {
         if records.is_empty() {
             return Ok(());
         }
-        let mut guard = self.connection.lock().await;
-        let result = self.produce_locked(&mut guard, topic, records).await;
+        let budget = Budget::start(self.settings.request_timeout);
+        let mut guard = self.lock(&budget).await?;
+        let result = self
+            .produce_locked(&mut guard, topic, records, &budget)
+            .await;
         if result.is_err() {
             *guard = None;
         }
@@ -305,8 +338,9 @@ impl KafkaSink {
         guard: &mut Option<Connection>,
         topic: &str,
         records: Vec<OutgoingRecord>,
+        budget: &Budget,
     ) -> Result<(), KafkaError> {
-        let partitions = self.partitions_locked(guard, topic).await?;
+        let partitions = self.partitions_locked(guard, topic, budget).await?;
         let count = partitions.len() as i32;
         let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
         for record in records {
@@ -323,8 +357,8 @@ impl KafkaSink {
             let client = Arc::clone(&partitions[partition as usize]);
             async move {
                 let sent = records.len();
-                let offsets = self
-                    .bounded("produce", client.produce(records, compression))
+                let offsets = budget
+                    .step("produce", client.produce(records, compression))
                     .await?;
                 if offsets.len() != sent {
                     return Err(KafkaError::ShortAck {
@@ -338,5 +372,20 @@ impl KafkaSink {
         });
         try_join_all(sends).await?;
         Ok(())
+    }
+}
+
+impl Sink for KafkaSink {
+    async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Result<(), SinkError> {
+        Ok(KafkaSink::produce(self, topic, records).await?)
+    }
+
+    async fn check_topic(&self, topic: &str) -> Result<usize, SinkError> {
+        Ok(KafkaSink::check_topic(self, topic).await?)
+    }
+
+    /// Same settings, its own connection (see [`Sink::sibling`]).
+    fn sibling(&self) -> Self {
+        Self::new(self.settings.clone())
     }
 }

@@ -17,6 +17,22 @@ pub const CHANNEL: &str = "booking_expiration_outbox";
 /// How often the idle LISTEN connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(15);
 
+/// Why the LISTEN connection was lost.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error(transparent)]
+    Database(#[from] db::DbError),
+    /// The server closed the connection's notification stream.
+    #[error("the LISTEN connection's notification stream ended")]
+    StreamEnded,
+}
+
+impl From<diesel::result::Error> for ListenError {
+    fn from(error: diesel::result::Error) -> Self {
+        ListenError::Database(error.into())
+    }
+}
+
 /// Runs until `shutdown`, calling `wake.notify_one()` per notification.
 pub async fn listen_for_commits(
     settings: DatabaseSettings,
@@ -42,7 +58,7 @@ async fn listen_once(
     settings: &DatabaseSettings,
     wake: &Notify,
     shutdown: &CancellationToken,
-) -> Result<(), db::DbError> {
+) -> Result<(), ListenError> {
     let mut conn = db::establish(settings).await?;
     diesel::sql_query(format!("LISTEN {CHANNEL}"))
         .execute(&mut conn)
@@ -61,7 +77,7 @@ async fn listen_once(
                     notification = notifications.next() => match notification {
                         Some(Ok(_)) => wake.notify_one(),
                         Some(Err(error)) => return Err(error.into()),
-                        None => return Err(db::DbError::Pool("notification stream ended".into())),
+                        None => return Err(ListenError::StreamEnded),
                     },
                 }
             }

@@ -1,12 +1,25 @@
 //! The built-in outbox publisher: claim unpublished rows, produce them to
 //! Kafka keyed by booking id, mark them published, commit.
+//!
+//! - [`publisher`]: the claim/produce/mark batch, lanes, and `run` (wake-up,
+//!   backoff, shutdown); the broker readiness check.
+//! - [`sink`]: the [`Sink`] seam; [`kafka`] is the real sink, [`memory`] an
+//!   in-memory one for tests whose subject is not the broker.
+//! - [`maintenance`]: lag gauges and retention, each on its own schedule.
+//! - `listener`: LISTEN for commits, to wake the publisher.
 
 mod backoff;
 pub mod kafka;
 mod listener;
-mod publisher;
+pub mod maintenance;
+pub mod memory;
+pub mod publisher;
+pub mod sink;
 
 pub use backoff::Backoff;
 pub use kafka::{KafkaError, KafkaSink};
-pub use listener::listen_for_commits;
+pub use listener::{ListenError, listen_for_commits};
+pub use maintenance::{LagStats, RetentionSweep};
+pub use memory::MemorySink;
 pub use publisher::{PublishError, Publisher};
+pub use sink::{OutgoingRecord, Sink, SinkError};

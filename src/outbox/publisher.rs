@@ -16,8 +16,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backoff,
-    kafka::{KafkaError, KafkaSink, OutgoingRecord},
+    Backoff, KafkaSink,
+    maintenance::every,
+    sink::{OutgoingRecord, Sink, SinkError},
 };
 use crate::{
     clock::Clock,
@@ -26,17 +27,17 @@ use crate::{
     telemetry::{ErrorChain, Health, Metrics},
 };
 
-const STATS_INTERVAL: Duration = Duration::from_secs(5);
-const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
-const RETENTION_BATCH: u32 = 1000;
-/// When idle, how often the broker is asked for metadata (readiness).
-const BROKER_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+/// How long [`Publisher::run`] drains before it starts over (resetting the
+/// backoff and looking at shutdown between batches is per batch anyway).
+const DRAIN_BUDGET: Duration = Duration::from_secs(5);
+/// How often the broker is asked about the topic (readiness).
+pub const BROKER_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Errors of one publishing round.
 #[derive(Debug, thiserror::Error)]
 pub enum PublishError {
     #[error(transparent)]
-    Kafka(#[from] KafkaError),
+    Sink(#[from] SinkError),
     #[error(transparent)]
     Database(#[from] DbError),
     #[error("publishing task ended: {0}")]
@@ -57,39 +58,56 @@ pub struct Drained {
     pub more: bool,
 }
 
-/// The outbox publisher. Clones share the pool, the Kafka connections and
-/// the metrics.
-#[derive(Clone)]
-pub struct Publisher {
+/// The outbox publisher. Clones share the pool, the sinks and the metrics.
+pub struct Publisher<S = KafkaSink> {
     pool: PgPool,
-    /// One per batch in flight (`concurrency`); the first also serves the
-    /// readiness check.
-    sinks: Arc<[KafkaSink]>,
+    /// One per batch in flight (`concurrency`).
+    sinks: Arc<[S]>,
+    /// The readiness check's own sink, so a check never waits behind a
+    /// produce on a lane's connection.
+    checker: Arc<S>,
     clock: Arc<dyn Clock>,
     settings: PublisherSettings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
-    /// The topic checked for readiness while idle.
+    /// The topic checked for readiness.
     topic: String,
 }
 
-impl Publisher {
+impl<S> Clone for Publisher<S> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sinks: Arc::clone(&self.sinks),
+            checker: Arc::clone(&self.checker),
+            clock: Arc::clone(&self.clock),
+            settings: self.settings.clone(),
+            metrics: Arc::clone(&self.metrics),
+            health: Arc::clone(&self.health),
+            topic: self.topic.clone(),
+        }
+    }
+}
+
+impl<S: Sink> Publisher<S> {
     pub fn new(
         pool: PgPool,
-        sink: KafkaSink,
+        sink: S,
         clock: Arc<dyn Clock>,
         settings: PublisherSettings,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
         topic: String,
     ) -> Self {
-        let siblings: Vec<KafkaSink> = (1..settings.concurrency.max(1))
+        let checker = Arc::new(sink.sibling());
+        let siblings: Vec<S> = (1..settings.concurrency.max(1))
             .map(|_| sink.sibling())
             .collect();
-        let sinks: Vec<KafkaSink> = std::iter::once(sink).chain(siblings).collect();
+        let sinks: Vec<S> = std::iter::once(sink).chain(siblings).collect();
         Self {
             pool,
             sinks: sinks.into(),
+            checker,
             clock,
             settings,
             metrics,
@@ -103,18 +121,23 @@ impl Publisher {
         self.publish_batch_with(&self.sinks[0]).await
     }
 
-    async fn publish_batch_with(&self, sink: &KafkaSink) -> Result<usize, PublishError> {
+    /// Claims a batch, produces it through `sink` and, once the sink
+    /// acknowledged every record, marks the rows published (or deletes
+    /// them at retention 0), all in one transaction: a failed produce
+    /// rolls back and leaves the rows unpublished.
+    async fn publish_batch_with(&self, sink: &S) -> Result<usize, PublishError> {
         let mut conn = self.pool.get().await.map_err(DbError::from)?;
         let limit = self.settings.batch_size;
         let delete = self.settings.retention.is_zero();
-        let (published, oldest_commit) = conn
+        let (published, created_at) = conn
             .transaction(async |conn| {
                 let rows = outbox::claim_unpublished(conn, limit).await?;
                 if rows.is_empty() {
+                    // Nothing was sent: says nothing about the broker.
                     return Ok::<_, PublishError>((0, Vec::new()));
                 }
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                let created: Vec<_> = rows.iter().map(|r| r.created_at).collect();
+                let created_at: Vec<_> = rows.iter().map(|r| r.created_at).collect();
                 let mut by_topic: BTreeMap<String, Vec<OutgoingRecord>> = BTreeMap::new();
                 // The broker rejects timestamps far from its own clock, so the
                 // record carries the publish time; the event time is `ce_time`.
@@ -130,8 +153,13 @@ impl Publisher {
                 }
                 let started = Instant::now();
                 for (topic, records) in by_topic {
-                    sink.produce(&topic, records).await?;
+                    if let Err(error) = sink.produce(&topic, records).await {
+                        self.health.set_broker_reachable(false);
+                        return Err(error.into());
+                    }
                 }
+                // Acknowledged: a real exchange with the broker.
+                self.health.set_broker_reachable(true);
                 self.metrics
                     .outbox_produce_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
@@ -140,12 +168,12 @@ impl Publisher {
                 } else {
                     outbox::mark_published(conn, &ids, self.clock.now()).await?;
                 }
-                Ok((ids.len(), created))
+                Ok((ids.len(), created_at))
             })
             .await?;
         if published > 0 {
             let acked_at = self.clock.now();
-            for created_at in oldest_commit {
+            for created_at in created_at {
                 let lag = (acked_at - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
                 self.metrics
                     .outbox_commit_to_ack_seconds
@@ -154,8 +182,26 @@ impl Publisher {
             self.metrics.outbox_published.inc_by(published as u64);
             tracing::debug!(published, "outbox batch published");
         }
-        self.health.set_broker_reachable(true);
         Ok(published)
+    }
+
+    /// Asks the broker about the topic and records the answer as broker
+    /// readiness (`/readyz`).
+    pub async fn check_broker(&self) -> Result<usize, SinkError> {
+        let result = self.checker.check_topic(&self.topic).await;
+        self.health.set_broker_reachable(result.is_ok());
+        result
+    }
+
+    /// [`Self::check_broker`] at once and then every
+    /// [`BROKER_CHECK_INTERVAL`] until `shutdown`.
+    pub async fn run_broker_check(&self, shutdown: CancellationToken) {
+        every(BROKER_CHECK_INTERVAL, &shutdown, || async {
+            if let Err(error) = self.check_broker().await {
+                tracing::warn!(error = %ErrorChain(&error), "Kafka check failed");
+            }
+        })
+        .await;
     }
 
     /// Publishes until the backlog is drained (a batch comes back short),
@@ -240,103 +286,32 @@ impl Publisher {
         })
     }
 
-    /// Refreshes the outbox lag gauges.
-    pub async fn refresh_stats(&self) -> Result<outbox::OutboxStats, DbError> {
-        let mut conn = self.pool.get().await?;
-        let stats = outbox::stats(&mut conn).await?;
-        self.metrics.outbox_unpublished.set(stats.unpublished);
-        let age = stats
-            .oldest_unpublished_at
-            .map_or(0, |oldest| (self.clock.now() - oldest).num_seconds().max(0));
-        self.metrics.outbox_oldest_unpublished_age_seconds.set(age);
-        Ok(stats)
-    }
-
-    /// Deletes published rows older than the retention, in small batches.
-    pub async fn sweep_retention(&self) -> Result<usize, DbError> {
-        let retention =
-            chrono::Duration::from_std(self.settings.retention).unwrap_or(chrono::Duration::MAX);
-        let Some(cutoff) = self.clock.now().checked_sub_signed(retention) else {
-            return Ok(0);
-        };
-        let mut conn = self.pool.get().await?;
-        let mut total = 0;
-        loop {
-            let deleted =
-                outbox::delete_published_before(&mut conn, cutoff, RETENTION_BATCH).await?;
-            total += deleted;
-            if deleted < RETENTION_BATCH as usize {
-                break;
-            }
-        }
-        self.metrics.outbox_deleted.inc_by(total as u64);
-        Ok(total)
-    }
-
-    /// Publishes until `shutdown`: [`Self::drain`] while batches come back full,
-    /// then on each commit notification or poll tick; with backoff while
-    /// Kafka or the database fails. A batch in flight at shutdown finishes
-    /// (it is bounded by the Kafka request timeout).
+    /// Publishes until `shutdown`: [`Self::drain`] while batches come back
+    /// full, then on each commit notification or poll tick; after a failure
+    /// only when the backoff ends. A batch in flight at shutdown finishes
+    /// (it is bounded by the Kafka request timeout). Stats, retention and
+    /// the broker check are separate tasks (see `app::run`).
     pub async fn run(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-        let mut last_stats: Option<Instant> = None;
-        let mut last_retention: Option<Instant> = None;
-        let mut last_broker_check: Option<Instant> = None;
-        let due =
-            |last: Option<Instant>, every: Duration| last.is_none_or(|t| t.elapsed() >= every);
         while !shutdown.is_cancelled() {
-            // After a failure only the backoff (not a commit notification)
-            // ends the wait, so an outage is not hammered at commit rate.
-            let mut wake_on_commit = true;
-            let wait = match self.drain(&shutdown, STATS_INTERVAL).await {
-                Ok(drained) => {
+            let (wait, wake_on_commit) = match self.drain(&shutdown, DRAIN_BUDGET).await {
+                Ok(drained) if drained.more => {
                     backoff.reset();
-                    if drained.more {
-                        None
-                    } else {
-                        Some(self.settings.poll_interval)
-                    }
+                    continue;
+                }
+                Ok(_) => {
+                    backoff.reset();
+                    (self.settings.poll_interval, true)
                 }
                 Err(error) => {
                     self.metrics.outbox_publish_errors.inc();
-                    if matches!(error, PublishError::Kafka(_)) {
-                        self.health.set_broker_reachable(false);
-                    }
-                    wake_on_commit = false;
                     let delay = backoff.next_delay();
                     tracing::error!(error = %ErrorChain(&error), retry_in_ms = delay.as_millis() as u64, "outbox publish failed; rows stay in the outbox");
-                    Some(delay)
+                    // Only the backoff (not a commit notification) ends this
+                    // wait, so an outage is not hammered at commit rate.
+                    (delay, false)
                 }
             };
-            if due(last_stats, STATS_INTERVAL) {
-                last_stats = Some(Instant::now());
-                if let Err(error) = self.refresh_stats().await {
-                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-                }
-            }
-            if !self.settings.retention.is_zero() && due(last_retention, RETENTION_INTERVAL) {
-                last_retention = Some(Instant::now());
-                match self.sweep_retention().await {
-                    Ok(0) => {}
-                    Ok(deleted) => {
-                        tracing::info!(deleted, "published outbox rows removed by retention")
-                    }
-                    Err(error) => {
-                        tracing::warn!(error = %ErrorChain(&error), "outbox retention sweep failed")
-                    }
-                }
-            }
-            let Some(wait) = wait else { continue };
-            if due(last_broker_check, BROKER_CHECK_INTERVAL) {
-                last_broker_check = Some(Instant::now());
-                match self.sinks[0].check_topic(&self.topic).await {
-                    Ok(_) => self.health.set_broker_reachable(true),
-                    Err(error) => {
-                        self.health.set_broker_reachable(false);
-                        tracing::warn!(error = %ErrorChain(&error), "Kafka check failed");
-                    }
-                }
-            }
             tokio::select! {
                 _ = shutdown.cancelled() => break,
                 _ = wake.notified(), if wake_on_commit => {}

@@ -10,3 +10,4 @@ mod expiry_cycle;
 mod faults;
 mod java_consumer;
 mod publisher;
+mod publisher_seams;

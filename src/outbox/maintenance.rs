@@ -1,0 +1,142 @@
+//! Outbox upkeep beside the publisher, each a run-once step on a schedule of
+//! its own: the lag gauges ([`LagStats`]) and the retention sweep
+//! ([`RetentionSweep`]). Neither talks to Kafka, so neither waits for it.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    clock::Clock,
+    db::{DbError, PgPool, outbox},
+    telemetry::{ErrorChain, Metrics},
+};
+
+/// How often the lag gauges are refreshed.
+pub const STATS_INTERVAL: Duration = Duration::from_secs(5);
+/// How often published rows past the retention are swept.
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
+/// Rows deleted per statement by the sweep.
+const RETENTION_BATCH: u32 = 1000;
+
+/// Runs `step` at once and then every `interval` until `shutdown`. A step in
+/// progress finishes before this returns (the loop is sequential); ticks
+/// missed while a step ran are skipped, not queued.
+pub async fn every<F, Fut>(interval: Duration, shutdown: &CancellationToken, mut step: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => step().await,
+        }
+    }
+}
+
+/// Refreshes `outbox_unpublished` and `outbox_oldest_unpublished_age_seconds`.
+#[derive(Clone)]
+pub struct LagStats {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+}
+
+impl LagStats {
+    pub fn new(pool: PgPool, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            pool,
+            clock,
+            metrics,
+        }
+    }
+
+    /// Reads the outbox lag once and sets the gauges.
+    pub async fn run_once(&self) -> Result<outbox::OutboxStats, DbError> {
+        let mut conn = self.pool.get().await?;
+        let stats = outbox::stats(&mut conn).await?;
+        self.metrics.outbox_unpublished.set(stats.unpublished);
+        let age = stats
+            .oldest_unpublished_at
+            .map_or(0, |oldest| (self.clock.now() - oldest).num_seconds().max(0));
+        self.metrics.outbox_oldest_unpublished_age_seconds.set(age);
+        Ok(stats)
+    }
+
+    /// [`Self::run_once`] every [`STATS_INTERVAL`] until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        every(STATS_INTERVAL, &shutdown, || async {
+            if let Err(error) = self.run_once().await {
+                tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+            }
+        })
+        .await;
+    }
+}
+
+/// Deletes published rows older than the retention.
+#[derive(Clone)]
+pub struct RetentionSweep {
+    pool: PgPool,
+    clock: Arc<dyn Clock>,
+    retention: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl RetentionSweep {
+    pub fn new(
+        pool: PgPool,
+        clock: Arc<dyn Clock>,
+        retention: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            pool,
+            clock,
+            retention,
+            metrics,
+        }
+    }
+
+    /// One sweep, in small batches until none is left; returns how many
+    /// rows it deleted.
+    pub async fn run_once(&self) -> Result<usize, DbError> {
+        let retention = chrono::Duration::from_std(self.retention).unwrap_or(chrono::Duration::MAX);
+        let Some(cutoff) = self.clock.now().checked_sub_signed(retention) else {
+            return Ok(0);
+        };
+        let mut conn = self.pool.get().await?;
+        let mut total = 0;
+        loop {
+            let deleted =
+                outbox::delete_published_before(&mut conn, cutoff, RETENTION_BATCH).await?;
+            total += deleted;
+            if deleted < RETENTION_BATCH as usize {
+                break;
+            }
+        }
+        self.metrics.outbox_deleted.inc_by(total as u64);
+        Ok(total)
+    }
+
+    /// [`Self::run_once`] every [`RETENTION_INTERVAL`] until `shutdown`.
+    pub async fn run(self, shutdown: CancellationToken) {
+        every(RETENTION_INTERVAL, &shutdown, || async {
+            match self.run_once().await {
+                Ok(0) => {}
+                Ok(deleted) => {
+                    tracing::info!(deleted, "published outbox rows removed by retention")
+                }
+                Err(error) => {
+                    tracing::warn!(error = %ErrorChain(&error), "outbox retention sweep failed")
+                }
+            }
+        })
+        .await;
+    }
+}
