@@ -55,10 +55,9 @@ fn publish_concurrency() -> u32 {
 // ---------------------------------------------------------------------------
 
 fn raw_batch_sql(phase: Phase) -> String {
-    let (target, phase_name) = match phase {
-        Phase::Reserve => ("ReserveExpired", "PHASE_RESERVE"),
-        Phase::Booking => ("BookingExpired", "PHASE_BOOKING"),
-    };
+    let target = phase.target_status();
+    // The protobuf enum's name, as the worker's payload carries it.
+    let phase_name = format!("PHASE_{}", phase.as_str().to_ascii_uppercase());
     format!(
         "WITH c AS (
     SELECT id, status FROM bookings
@@ -585,17 +584,11 @@ async fn idle_cycles(svc: &Services, template: &Template, reps: usize) -> Result
     let mut plans = Vec::new();
     let mut indexes_used = true;
     for phase in Phase::ALL {
-        let lock = bookings::lock_due_sql(phase);
+        let lock = bookings::lock_due_sql(phase).to_owned();
         let lock_plan = explain(&mut conn, &lock, template.as_of, Some(200)).await?;
-        let count_sql = format!(
-            "SELECT count(*) AS count FROM bookings WHERE {} AND id <> ALL($2)",
-            bookings::due_predicate(phase)
-        );
+        let count_sql = bookings::count_due_excluding_sql(phase).to_owned();
         let count_plan = explain(&mut conn, &count_sql, template.as_of, None).await?;
-        let index = match phase {
-            Phase::Reserve => "ix_bookings_reserve_expires_at",
-            Phase::Booking => "ix_bookings_booking_expires_at",
-        };
+        let index = bookings::partial_index(phase);
         indexes_used &= lock_plan.contains(index) && count_plan.contains(index);
         plans.push((format!("{phase} lock_due"), lock, lock_plan));
         plans.push((

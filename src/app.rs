@@ -308,10 +308,7 @@ pub async fn status(database: &DatabaseArgs) -> Result<StatusReport, AppError> {
                 tenant_id: row.tenant_id,
                 phase: phase.as_str(),
                 status: row.status.clone(),
-                deadline: match phase {
-                    Phase::Reserve => row.reserve_expires_at,
-                    Phase::Booking => row.booking_expires_at,
-                },
+                deadline: row.deadline(phase),
                 reason,
             });
         }

@@ -20,7 +20,7 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that only moves when told to (tests, benchmarks, `once --as-of`).
+/// A clock that only moves when told to (tests and benchmarks).
 #[derive(Debug, Clone)]
 pub struct ManualClock(Arc<Mutex<DateTime<Utc>>>);
 

@@ -16,7 +16,9 @@ CREATE TABLE IF NOT EXISTS bookings (
 );
 
 -- The worker's candidate scans: each index holds only active rows, so
--- its size follows the active bookings, not the table.
+-- its size follows the active bookings, not the table. The predicates are
+-- the domain's phases (src/domain/status.rs) as the repository writes
+-- them (src/db/bookings.rs); tests/schema.rs compares the two.
 CREATE INDEX IF NOT EXISTS ix_bookings_reserve_expires_at
     ON bookings (reserve_expires_at)
     WHERE status IN ('Reserved', 'AwaitingPayment');

@@ -4,6 +4,10 @@
 //! Status values appear as SQL literals, never as parameters: PostgreSQL
 //! can only use a partial index when it can prove the query's predicate
 //! implies the index's `WHERE`, and it cannot do that for a bound value.
+//! They are built once, from the domain's phases (`Phase::active_statuses`,
+//! `Phase::deadline_field`), never spelled out here.
+
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use diesel::{
@@ -48,6 +52,11 @@ pub struct BookingRow {
 }
 
 impl BookingRow {
+    /// The row's deadline of `phase`, whatever its status.
+    pub fn deadline(&self, phase: Phase) -> Option<DateTime<Utc>> {
+        phase.deadline_of(self.reserve_expires_at, self.booking_expires_at)
+    }
+
     /// The row as a domain booking; fails only for an unknown status.
     pub fn to_domain(&self) -> Result<Booking, UnknownStatus> {
         Ok(Booking {
@@ -65,35 +74,108 @@ impl BookingRow {
     }
 }
 
+/// A status no phase knows is a value the row type cannot represent.
+impl From<UnknownStatus> for DbError {
+    fn from(unknown: UnknownStatus) -> Self {
+        DbError::Query(diesel::result::Error::DeserializationError(Box::new(
+            unknown,
+        )))
+    }
+}
+
 const COLUMNS: &str = "id, tenant_id, deal_id, property_object_id, status, reserve_expires_at, \
                        booking_expires_at, expired_at, updated_at, version";
 
-/// The predicate of a phase: exactly the partial index's `WHERE` plus the
-/// strict deadline comparison against `$1` (as_of).
-pub const fn due_predicate(phase: Phase) -> &'static str {
-    match phase {
-        Phase::Reserve => "status IN ('Reserved', 'AwaitingPayment') AND reserve_expires_at < $1",
-        Phase::Booking => "status = 'Booked' AND booking_expires_at < $1",
+/// The SQL of one phase, built once from the domain's definition of the
+/// phase (active statuses, deadline field).
+#[derive(Debug)]
+struct PhaseSql {
+    index_predicate: String,
+    due_predicate: String,
+    partial_index: String,
+    lock_due: String,
+    count_due_excluding: String,
+    oldest_due_deadline: String,
+    due_poison_rows: String,
+}
+
+impl PhaseSql {
+    fn build(phase: Phase) -> Self {
+        let deadline = phase.deadline_field();
+        // Literals, not parameters (see the module doc). The statuses are
+        // plain identifiers (a domain test checks it), so quoting is safe.
+        let index_predicate = match phase.active_statuses() {
+            [status] => format!("status = '{status}'"),
+            statuses => {
+                let quoted: Vec<String> = statuses.iter().map(|s| format!("'{s}'")).collect();
+                format!("status IN ({})", quoted.join(", "))
+            }
+        };
+        let due_predicate = format!("{index_predicate} AND {deadline} < $1");
+        Self {
+            partial_index: format!("ix_bookings_{deadline}"),
+            lock_due: format!(
+                "SELECT {COLUMNS} FROM bookings WHERE {due_predicate} AND id <> ALL($2) \
+                 ORDER BY {deadline} LIMIT $3 FOR UPDATE SKIP LOCKED"
+            ),
+            count_due_excluding: format!(
+                "SELECT count(*) AS count FROM bookings WHERE {due_predicate} AND id <> ALL($2)"
+            ),
+            oldest_due_deadline: format!(
+                "SELECT min({deadline}) AS oldest FROM bookings WHERE {due_predicate}"
+            ),
+            due_poison_rows: format!(
+                "SELECT {COLUMNS} FROM bookings WHERE {due_predicate} \
+                 AND (deal_id IS NULL OR property_object_id IS NULL) ORDER BY {deadline} LIMIT $2"
+            ),
+            index_predicate,
+            due_predicate,
+        }
     }
 }
 
-/// The deadline column of a phase.
+/// Indexed by `phase as usize`, which is the phase's place in `Phase::ALL`.
+static PHASE_SQL: LazyLock<[PhaseSql; 2]> = LazyLock::new(|| Phase::ALL.map(PhaseSql::build));
+
+fn phase_sql(phase: Phase) -> &'static PhaseSql {
+    &PHASE_SQL[phase as usize]
+}
+
+/// The `WHERE` of the phase's partial index: its active statuses, e.g.
+/// `status IN ('Reserved', 'AwaitingPayment')` or `status = 'Booked'`.
+/// The migration states the
+/// same predicate; a test compares the two as PostgreSQL renders them.
+pub fn index_predicate(phase: Phase) -> &'static str {
+    &phase_sql(phase).index_predicate
+}
+
+/// The predicate of a phase: exactly the partial index's `WHERE` plus the
+/// strict deadline comparison against `$1` (as_of).
+pub fn due_predicate(phase: Phase) -> &'static str {
+    &phase_sql(phase).due_predicate
+}
+
+/// The deadline column of a phase (the domain's deadline field).
 pub const fn deadline_column(phase: Phase) -> &'static str {
-    match phase {
-        Phase::Reserve => "reserve_expires_at",
-        Phase::Booking => "booking_expires_at",
-    }
+    phase.deadline_field()
+}
+
+/// The name of the phase's partial index, `ix_bookings_<deadline column>`.
+pub fn partial_index(phase: Phase) -> &'static str {
+    &phase_sql(phase).partial_index
 }
 
 /// The candidate query of a phase: due rows, oldest deadline first, rows
-/// locked by anyone else skipped without waiting.
-pub fn lock_due_sql(phase: Phase) -> String {
-    format!(
-        "SELECT {COLUMNS} FROM bookings WHERE {predicate} AND id <> ALL($2) \
-         ORDER BY {deadline} LIMIT $3 FOR UPDATE SKIP LOCKED",
-        predicate = due_predicate(phase),
-        deadline = deadline_column(phase),
-    )
+/// locked by anyone else skipped without waiting. Binds `$1` as_of, `$2`
+/// the ids to leave out, `$3` the limit.
+pub fn lock_due_sql(phase: Phase) -> &'static str {
+    &phase_sql(phase).lock_due
+}
+
+/// The count behind [`count_due_excluding`]. Binds `$1` as_of, `$2` the
+/// ids to leave out.
+pub fn count_due_excluding_sql(phase: Phase) -> &'static str {
+    &phase_sql(phase).count_due_excluding
 }
 
 /// Locks up to `limit` due rows of `phase`, skipping `exclude` (rows this
@@ -128,11 +210,7 @@ pub async fn count_due_excluding(
     as_of: DateTime<Utc>,
     exclude: &[Uuid],
 ) -> Result<i64, DbError> {
-    let sql = format!(
-        "SELECT count(*) AS count FROM bookings WHERE {} AND id <> ALL($2)",
-        due_predicate(phase)
-    );
-    let row: Count = diesel::sql_query(sql)
+    let row: Count = diesel::sql_query(count_due_excluding_sql(phase))
         .bind::<Timestamptz, _>(as_of)
         .bind::<Array<SqlUuid>, _>(exclude)
         .get_result(conn)
@@ -160,12 +238,7 @@ pub async fn oldest_due_deadline(
         #[diesel(sql_type = Nullable<Timestamptz>)]
         oldest: Option<DateTime<Utc>>,
     }
-    let sql = format!(
-        "SELECT min({}) AS oldest FROM bookings WHERE {}",
-        deadline_column(phase),
-        due_predicate(phase)
-    );
-    let row: Oldest = diesel::sql_query(sql)
+    let row: Oldest = diesel::sql_query(phase_sql(phase).oldest_due_deadline.as_str())
         .bind::<Timestamptz, _>(as_of)
         .get_result(conn)
         .await?;
@@ -180,13 +253,7 @@ pub async fn due_poison_rows(
     as_of: DateTime<Utc>,
     limit: u32,
 ) -> Result<Vec<BookingRow>, DbError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM bookings WHERE {} \
-         AND (deal_id IS NULL OR property_object_id IS NULL) ORDER BY {} LIMIT $2",
-        due_predicate(phase),
-        deadline_column(phase)
-    );
-    Ok(diesel::sql_query(sql)
+    Ok(diesel::sql_query(phase_sql(phase).due_poison_rows.as_str())
         .bind::<Timestamptz, _>(as_of)
         .bind::<BigInt, _>(i64::from(limit))
         .load(conn)
@@ -337,6 +404,29 @@ mod tests {
                 );
             }
             assert!(predicate.contains(&format!("{} < $1", deadline_column(phase))));
+            assert!(predicate.starts_with(index_predicate(phase)));
+            assert!(lock_due_sql(phase).contains(predicate));
         }
+    }
+
+    #[test]
+    fn phase_sql_is_indexed_by_the_phase() {
+        for (i, phase) in Phase::ALL.into_iter().enumerate() {
+            assert_eq!(phase as usize, i);
+            assert_eq!(phase_sql(phase).lock_due, PhaseSql::build(phase).lock_due);
+        }
+        assert_eq!(
+            index_predicate(Phase::Reserve),
+            "status IN ('Reserved', 'AwaitingPayment')"
+        );
+        assert_eq!(index_predicate(Phase::Booking), "status = 'Booked'");
+        assert_eq!(
+            partial_index(Phase::Reserve),
+            "ix_bookings_reserve_expires_at"
+        );
+        assert_eq!(
+            partial_index(Phase::Booking),
+            "ix_bookings_booking_expires_at"
+        );
     }
 }

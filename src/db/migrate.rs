@@ -9,7 +9,7 @@ use crate::config::DatabaseSettings;
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
 /// Serialises concurrent `migrate` runs of several instances.
-const MIGRATION_LOCK_KEY: i64 = 0x626b_6578_7069_7265; // "bkexpire"
+pub const MIGRATION_LOCK_KEY: i64 = 0x626b_6578_7069_7265; // "bkexpire"
 
 /// Applies pending migrations; returns the versions applied (empty when
 /// the schema was current). Needs the multi-thread runtime.
@@ -25,9 +25,62 @@ pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, 
         .map(|versions| versions.iter().map(ToString::to_string).collect())
         .map_err(|e| DbError::Migration(e.to_string()));
     let mut conn = harness.into_inner();
-    diesel::sql_query("SELECT pg_advisory_unlock($1)")
+    let unlocked = diesel::sql_query("SELECT pg_advisory_unlock($1)")
         .bind::<diesel::sql_types::BigInt, _>(MIGRATION_LOCK_KEY)
         .execute(&mut conn)
-        .await?;
+        .await
+        .map(drop)
+        .map_err(DbError::from);
+    outcome(applied, unlocked)
+}
+
+/// What a run reports: the migrations' own result, whatever the unlock
+/// did. A failed unlock is only logged: the advisory lock belongs to the
+/// session, which ends when the connection is dropped right after.
+fn outcome<T>(applied: Result<T, DbError>, unlocked: Result<(), DbError>) -> Result<T, DbError> {
+    if let Err(error) = unlocked {
+        tracing::warn!(
+            error = %error,
+            "cannot release the migration lock; it is released when the session ends"
+        );
+    }
     applied
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unlock_failure() -> Result<(), DbError> {
+        Err(DbError::Query(
+            diesel::result::Error::BrokenTransactionManager,
+        ))
+    }
+
+    #[test]
+    fn a_failed_unlock_keeps_the_migration_error() {
+        let result = outcome::<Vec<String>>(
+            Err(DbError::Migration("syntax error in up.sql".into())),
+            unlock_failure(),
+        );
+        assert!(
+            matches!(&result, Err(DbError::Migration(m)) if m == "syntax error in up.sql"),
+            "{result:?}"
+        );
+    }
+
+    #[test]
+    fn a_failed_unlock_keeps_the_applied_versions() {
+        let result = outcome(Ok(vec!["2026-12-01-000001".to_owned()]), unlock_failure());
+        assert_eq!(result.ok(), Some(vec!["2026-12-01-000001".to_owned()]));
+    }
+
+    #[test]
+    fn a_successful_unlock_changes_nothing() {
+        assert!(matches!(
+            outcome::<()>(Err(DbError::Migration("x".into())), Ok(())),
+            Err(DbError::Migration(_))
+        ));
+        assert_eq!(outcome(Ok(3), Ok(())).ok(), Some(3));
+    }
 }

@@ -58,10 +58,7 @@ pub struct Expiry {
 impl Booking {
     /// The deadline of `phase`.
     pub fn deadline(&self, phase: Phase) -> Option<DateTime<Utc>> {
-        match phase {
-            Phase::Reserve => self.reserve_expires_at,
-            Phase::Booking => self.booking_expires_at,
-        }
+        phase.deadline_of(self.reserve_expires_at, self.booking_expires_at)
     }
 
     /// The phase the booking is in now, if it is active.

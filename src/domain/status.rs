@@ -1,4 +1,7 @@
-//! Booking statuses and the two expiry phases.
+//! Booking statuses and the two expiry phases: the one definition of
+//! phase → active statuses → deadline field → target status. The SQL
+//! predicates, the seeder, `status` and the benches derive from it; only
+//! the migration restates it, and a test compares the two.
 
 use std::{fmt, str::FromStr};
 
@@ -96,12 +99,38 @@ impl Phase {
         }
     }
 
+    /// The name of the booking field holding this phase's deadline, which
+    /// is also its `bookings` column.
+    pub const fn deadline_field(self) -> &'static str {
+        match self {
+            Phase::Reserve => "reserve_expires_at",
+            Phase::Booking => "booking_expires_at",
+        }
+    }
+
+    /// This phase's deadline out of a booking's two deadlines, given in
+    /// field order (`reserve_expires_at`, `booking_expires_at`): for row
+    /// types outside the domain that carry both fields.
+    pub fn deadline_of<T>(self, reserve_expires_at: T, booking_expires_at: T) -> T {
+        match self {
+            Phase::Reserve => reserve_expires_at,
+            Phase::Booking => booking_expires_at,
+        }
+    }
+
     /// The terminal status an expiry of this phase leads to.
     pub const fn target_status(self) -> Status {
         match self {
             Phase::Reserve => Status::ReserveExpired,
             Phase::Booking => Status::BookingExpired,
         }
+    }
+
+    /// Every status in which some phase's timer runs, phase by phase.
+    pub fn all_active_statuses() -> impl Iterator<Item = Status> {
+        Phase::ALL
+            .into_iter()
+            .flat_map(|phase| phase.active_statuses().iter().copied())
     }
 
     /// Lowercase label for metrics and logs.
@@ -154,6 +183,39 @@ mod tests {
                 phase.target_status().active_phase(),
                 None,
                 "targets are terminal"
+            );
+        }
+        assert_eq!(
+            Phase::all_active_statuses().collect::<Vec<_>>(),
+            Status::ALL
+                .into_iter()
+                .filter(|s| s.active_phase().is_some())
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn deadline_field_and_deadline_of_name_the_same_field() {
+        for phase in Phase::ALL {
+            assert_eq!(
+                phase.deadline_of("reserve_expires_at", "booking_expires_at"),
+                phase.deadline_field()
+            );
+        }
+        assert_ne!(
+            Phase::Reserve.deadline_field(),
+            Phase::Booking.deadline_field()
+        );
+    }
+
+    /// Status values are written into SQL as literals: they must need no
+    /// quoting.
+    #[test]
+    fn status_values_are_plain_identifiers() {
+        for status in Status::ALL {
+            assert!(
+                status.as_str().chars().all(|c| c.is_ascii_alphanumeric()),
+                "{status}"
             );
         }
     }

@@ -72,7 +72,6 @@ struct BatchResult {
     selected: usize,
     expired: Vec<BookingExpired>,
     refused: Vec<(Uuid, ExpireError)>,
-    unknown_status: Vec<(Uuid, String)>,
     conflicts: Vec<Uuid>,
     skipped_locked: u64,
 }
@@ -235,9 +234,6 @@ impl ExpiryWorker {
                 state
                     .refused_ids
                     .extend(batch.refused.iter().map(|(id, _)| *id));
-                state
-                    .refused_ids
-                    .extend(batch.unknown_status.iter().map(|(id, _)| *id));
                 if batch.selected < self.settings.batch_size as usize
                     || state.batches >= self.settings.max_batches_per_cycle
                 {
@@ -259,7 +255,6 @@ impl ExpiryWorker {
             reserve_expired_count = report.reserve_expired_count,
             booking_expired_count = report.booking_expired_count,
             skipped_locked_count = report.skipped_locked_count,
-            skipped_locked = report.skipped_locked_count,
             poison_count = outcome.poison_count,
             version_conflicts = outcome.version_conflicts,
             batches = outcome.batches,
@@ -316,13 +311,13 @@ impl ExpiryWorker {
             };
             let mut writes = Vec::with_capacity(rows.len());
             for row in &rows {
-                let booking = match row.to_domain() {
-                    Ok(booking) => booking,
-                    Err(unknown) => {
-                        result.unknown_status.push((row.id, unknown.to_string()));
-                        continue;
-                    }
-                };
+                // The lock query selects only rows whose status is one of the
+                // phase's active statuses, written into it as literals from
+                // the domain, so every status here parses: an unknown status
+                // cannot reach this point, and there is no path for one. If
+                // the query and the domain ever disagreed, the batch would
+                // fail and roll back, not skip the row quietly.
+                let booking = row.to_domain()?;
                 match booking.expire(as_of) {
                     Ok(expiry) => writes.push(ExpiryWrite {
                         read_version: row.version,
@@ -368,13 +363,10 @@ impl ExpiryWorker {
         for (booking_id, error) in &batch.refused {
             tracing::error!(%booking_id, %phase, %error, "item failed: booking refused by the domain, left for the next cycle");
         }
-        for (booking_id, error) in &batch.unknown_status {
-            tracing::error!(%booking_id, %phase, %error, "item failed: unreadable booking row, left for the next cycle");
-        }
         for booking_id in &batch.conflicts {
             tracing::warn!(%booking_id, %phase, "booking changed since it was read; left as it is");
         }
-        let refused = (batch.refused.len() + batch.unknown_status.len()) as u64;
+        let refused = batch.refused.len() as u64;
         outcome.poison_count += refused;
         outcome.version_conflicts += batch.conflicts.len() as u64;
         outcome.report.skipped_locked_count += batch.skipped_locked;

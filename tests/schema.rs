@@ -1,0 +1,398 @@
+//! The schema and its edges against a real PostgreSQL: the migration's
+//! partial indexes state the repository's predicates, down migrations
+//! leave crm's table alone, concurrent `migrate` runs serialise, and a
+//! batch is all or nothing under shutdown and failed writes (with the
+//! domain-event subscriber's contract).
+
+mod common;
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use booking_expiration::{
+    config::ExpirySettings,
+    db::{
+        self,
+        bookings::{self, BookingRow},
+        migrate::{MIGRATION_LOCK_KEY, MIGRATIONS},
+    },
+    domain::{BookingExpired, DomainEventSubscriber, Phase},
+    expiry::CycleError,
+};
+use common::{NewBooking, TestDb, clock, expiry_settings, t0, wait_until};
+use diesel::{
+    QueryableByName,
+    sql_types::{BigInt, Text},
+};
+use diesel_async::{AsyncConnection, AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl};
+use diesel_migrations::MigrationHarness;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[derive(QueryableByName)]
+struct IndexDef {
+    #[diesel(sql_type = Text)]
+    indexdef: String,
+}
+
+/// `pg_indexes.indexdef` of a public index, if it exists.
+async fn indexdef(conn: &mut AsyncPgConnection, name: &str) -> Option<String> {
+    let rows: Vec<IndexDef> = diesel::sql_query(
+        "SELECT indexdef FROM pg_indexes WHERE schemaname = 'public' AND indexname = $1",
+    )
+    .bind::<Text, _>(name)
+    .load(conn)
+    .await
+    .expect("read pg_indexes");
+    rows.into_iter().next().map(|row| row.indexdef)
+}
+
+/// The repository's partial index of `phase` as PostgreSQL renders it: the
+/// same deadline column and `WHERE`, created under a probe name in a
+/// transaction that is rolled back. PostgreSQL's own rendering is the
+/// normal form, so `status IN ('Reserved', 'AwaitingPayment')` and
+/// `(status = ANY (ARRAY['Reserved'::text, 'AwaitingPayment'::text]))`
+/// compare equal and nothing is parsed by hand.
+async fn repository_indexdef(conn: &mut AsyncPgConnection, phase: Phase) -> String {
+    const PROBE: &str = "ix_schema_test_probe";
+    let create = format!(
+        "CREATE INDEX {PROBE} ON bookings ({}) WHERE {}",
+        bookings::deadline_column(phase),
+        bookings::index_predicate(phase)
+    );
+    conn.begin_test_transaction().await.expect("begin");
+    diesel::sql_query(create)
+        .execute(conn)
+        .await
+        .expect("the repository's predicate is valid index SQL");
+    let rendered = indexdef(conn, PROBE).await.expect("probe index exists");
+    rendered.replacen(
+        &format!("INDEX {PROBE} ON"),
+        &format!("INDEX {} ON", bookings::partial_index(phase)),
+        1,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_index_predicates_are_the_repository_predicates() {
+    let db = TestDb::new().await;
+    for phase in Phase::ALL {
+        let mut conn = db.conn().await;
+        let migrated = indexdef(&mut conn, bookings::partial_index(phase))
+            .await
+            .unwrap_or_else(|| panic!("{} exists", bookings::partial_index(phase)));
+        // A fresh connection: the probe's test transaction is never committed.
+        let mut probe_conn = db.conn().await;
+        let repository = repository_indexdef(&mut probe_conn, phase).await;
+        assert_eq!(
+            migrated, repository,
+            "{phase}: the migration's partial index and the repository's predicate differ"
+        );
+        assert!(
+            migrated.contains(" WHERE "),
+            "{phase}: not partial: {migrated}"
+        );
+    }
+}
+
+#[derive(QueryableByName)]
+struct N {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+    let row: N = diesel::sql_query(sql)
+        .get_result(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.n
+}
+
+/// Whether a relation (table, index) or function of this worker exists.
+async fn exists(db: &TestDb, what: &str) -> bool {
+    db.count(&format!(
+        "SELECT (to_regclass('public.{what}') IS NOT NULL \
+            OR to_regproc('public.{what}') IS NOT NULL)::int::int8 AS n"
+    ))
+    .await
+        == 1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn down_migrations_remove_only_what_the_worker_owns() {
+    let db = TestDb::new().await;
+    let booking = NewBooking::new("Reserved").reserve_deadline(t0());
+    db.insert(&booking).await;
+
+    let mut harness = AsyncMigrationHarness::new(db.conn().await);
+    let reverted: Vec<String> = harness
+        .revert_all_migrations(MIGRATIONS)
+        .expect("every migration reverts")
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    drop(harness);
+    assert_eq!(reverted.len(), 2, "{reverted:?}");
+
+    // crm's table and its row are untouched.
+    assert!(exists(&db, "bookings").await, "the bookings table is gone");
+    let stored: BookingRow = db.booking(booking.id).await;
+    assert_eq!(stored.status, "Reserved");
+    assert_eq!(stored.reserve_expires_at, Some(t0()));
+    // Everything the worker owns is gone.
+    for owned in [
+        bookings::partial_index(Phase::Reserve),
+        bookings::partial_index(Phase::Booking),
+        "booking_expiration_audit",
+        "booking_expiration_outbox",
+        "booking_expiration_outbox_notify",
+    ] {
+        assert!(!exists(&db, owned).await, "{owned} is left after revert");
+    }
+
+    // And the schema comes back over the kept table.
+    let applied = db::migrate::run_migrations(&db.settings)
+        .await
+        .expect("migrations apply again");
+    assert_eq!(applied.len(), 2, "{applied:?}");
+    assert!(exists(&db, bookings::partial_index(Phase::Reserve)).await);
+    assert_eq!(db.booking(booking.id).await, stored);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrate_runs_serialise() {
+    let db = TestDb::empty().await;
+    let mut holder = db.conn().await;
+    diesel::sql_query("SELECT pg_advisory_lock($1)")
+        .bind::<BigInt, _>(MIGRATION_LOCK_KEY)
+        .execute(&mut holder)
+        .await
+        .expect("take the migration lock");
+
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let settings = db.settings.clone();
+            tokio::spawn(async move { db::migrate::run_migrations(&settings).await })
+        })
+        .collect();
+    let waiting = format!(
+        "SELECT count(*) AS n FROM pg_stat_activity \
+          WHERE datname = '{}' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
+        db.name
+    );
+    wait_until(
+        "both runs to wait for the migration lock",
+        Duration::from_secs(10),
+        || async { db.count(&waiting).await == 2 },
+    )
+    .await;
+    // Deliberate fault timing: while the lock is held, nothing migrates.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(runs.iter().all(|run| !run.is_finished()));
+    assert!(!exists(&db, "booking_expiration_outbox").await);
+
+    diesel::sql_query("SELECT pg_advisory_unlock($1)")
+        .bind::<BigInt, _>(MIGRATION_LOCK_KEY)
+        .execute(&mut holder)
+        .await
+        .expect("release the migration lock");
+    let mut applied = Vec::new();
+    for run in runs {
+        let versions = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("migrate completes once the lock is free")
+            .expect("task")
+            .expect("each run succeeds");
+        applied.push(versions.len());
+    }
+    applied.sort_unstable();
+    assert_eq!(
+        applied,
+        [0, 2],
+        "one run applies both migrations, the other finds the schema current"
+    );
+    assert!(exists(&db, "booking_expiration_outbox").await);
+}
+
+/// The worker's sessions waiting for a lock in `db`.
+fn lock_waiters_sql(db: &TestDb) -> String {
+    format!(
+        "SELECT count(*) AS n FROM pg_stat_activity \
+          WHERE datname = '{}' AND application_name = 'booking-expiration' \
+            AND wait_event_type = 'Lock'",
+        db.name
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
+    let db = TestDb::new().await;
+    db.seed_due(10, t0()).await;
+    let grace = Duration::from_millis(500);
+    let clock = clock();
+    let worker = Arc::new(db.worker_with(
+        &clock,
+        ExpirySettings {
+            shutdown_grace: grace,
+            ..expiry_settings(100)
+        },
+    ));
+
+    // Blocks the batch's write. The pool's sessions wait for a lock up to
+    // their lock_timeout (the statement timeout, 30 s in tests), far past
+    // the grace, so only the grace can end the batch.
+    let mut holder = db.conn().await;
+    holder.begin_test_transaction().await.expect("begin");
+    diesel::sql_query("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
+        .execute(&mut holder)
+        .await
+        .expect("lock the outbox");
+
+    let token = CancellationToken::new();
+    let cycle = {
+        let worker = Arc::clone(&worker);
+        let token = token.clone();
+        tokio::spawn(async move { worker.run_cycle(&token).await })
+    };
+    let waiters = lock_waiters_sql(&db);
+    wait_until(
+        "the batch to wait on the outbox lock",
+        Duration::from_secs(10),
+        || async { db.count(&waiters).await == 1 },
+    )
+    .await;
+
+    let cancelled_at = Instant::now();
+    token.cancel();
+    let result = tokio::time::timeout(grace + Duration::from_secs(3), cycle)
+        .await
+        .expect("the cycle ends within the grace plus a margin")
+        .expect("task");
+    let took = cancelled_at.elapsed();
+    assert!(matches!(result, Err(CycleError::Cancelled)), "{result:?}");
+    assert!(took >= grace, "ended before the grace ran out ({took:?})");
+
+    // Let the abandoned statement go on: the server finds the client gone
+    // and rolls the transaction back.
+    drop(holder);
+    let open = format!(
+        "SELECT count(*) AS n FROM pg_stat_activity \
+          WHERE datname = '{}' AND application_name = 'booking-expiration' \
+            AND xact_start IS NOT NULL",
+        db.name
+    );
+    wait_until(
+        "the abandoned batch's transaction to end",
+        Duration::from_secs(10),
+        || async { db.count(&open).await == 0 },
+    )
+    .await;
+    let mut conn = db.conn().await;
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM bookings WHERE expired_at IS NULL AND version = 1 \
+               AND status IN ('Reserved', 'AwaitingPayment', 'Booked')"
+        )
+        .await,
+        10,
+        "every booking is still active"
+    );
+    for table in ["booking_expiration_audit", "booking_expiration_outbox"] {
+        assert_eq!(
+            count(&mut conn, &format!("SELECT count(*) AS n FROM {table}")).await,
+            0,
+            "{table} has rows of the rolled-back batch"
+        );
+    }
+}
+
+/// Records each call: one entry per call, the booking ids in event order.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<Vec<Uuid>>>,
+}
+
+impl DomainEventSubscriber for Recorder {
+    fn on_booking_expired(&self, events: &[BookingExpired]) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(events.iter().map(|e| e.booking_id.as_uuid()).collect());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_get_each_committed_batch_and_never_a_rolled_back_one() {
+    let db = TestDb::new().await;
+    let hours = |h: i64| t0() - chrono::Duration::hours(h);
+    // Oldest deadline first: batches of two are [a, b] then [c, d].
+    let [a, b, c, d] = [4, 3, 2, 1].map(|h| NewBooking::new("Reserved").reserve_deadline(hours(h)));
+    db.insert_all(&[c.clone(), a.clone(), d.clone(), b.clone()])
+        .await;
+    // The second batch's write fails inside the database: its outbox row
+    // for `d` is refused, so the whole statement and transaction fail.
+    db.exec_sql(&format!(
+        "CREATE FUNCTION refuse_outbox_row() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.message_key = '{}' THEN
+                 RAISE EXCEPTION 'test: outbox row refused';
+             END IF;
+             RETURN NEW;
+         END $$",
+        d.id
+    ))
+    .await;
+    db.exec_sql(
+        "CREATE TRIGGER refuse_outbox_row BEFORE INSERT ON booking_expiration_outbox \
+         FOR EACH ROW EXECUTE FUNCTION refuse_outbox_row()",
+    )
+    .await;
+
+    let recorder = Arc::new(Recorder::default());
+    let clock = clock();
+    let worker = db.worker(&clock, 2).subscribe(recorder.clone());
+    let error = worker
+        .run_cycle(&CancellationToken::new())
+        .await
+        .expect_err("the second batch fails");
+    assert!(
+        matches!(
+            error,
+            CycleError::Database {
+                phase: Phase::Reserve,
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        *recorder.calls.lock().unwrap(),
+        [vec![a.id, b.id]],
+        "one call, for the committed batch only, with exactly its events"
+    );
+    for id in [c.id, d.id] {
+        let row = db.booking(id).await;
+        assert_eq!((row.status.as_str(), row.version), ("Reserved", 1));
+    }
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_audit")
+            .await,
+        2
+    );
+
+    // With the fault gone the rolled-back rows expire and are delivered.
+    db.exec_sql("DROP TRIGGER refuse_outbox_row ON booking_expiration_outbox")
+        .await;
+    worker
+        .run_cycle(&CancellationToken::new())
+        .await
+        .expect("the retry commits");
+    assert_eq!(
+        *recorder.calls.lock().unwrap(),
+        [vec![a.id, b.id], vec![c.id, d.id]]
+    );
+}
