@@ -254,7 +254,8 @@ impl ExpiryWorker {
         tracing::info!(
             reserve_expired_count = report.reserve_expired_count,
             booking_expired_count = report.booking_expired_count,
-            skipped_locked_count = report.skipped_locked_count,
+            // The log field is spec §6's `skipped_locked`; the report (`once`) keeps `skipped_locked_count`.
+            skipped_locked = report.skipped_locked_count,
             poison_count = outcome.poison_count,
             version_conflicts = outcome.version_conflicts,
             batches = outcome.batches,

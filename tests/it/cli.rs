@@ -322,7 +322,7 @@ async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
     for field in [
         "reserve_expired_count",
         "booking_expired_count",
-        "skipped_locked_count",
+        "skipped_locked",
         "duration_ms",
     ] {
         assert!(

@@ -11,3 +11,4 @@ mod faults;
 mod java_consumer;
 mod publisher;
 mod publisher_seams;
+mod schema;

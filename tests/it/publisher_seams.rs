@@ -9,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::support::*;
 use booking_expiration::{
     clock::{Clock, SystemClock},
     config::{KafkaSettings, PublisherSettings},
@@ -19,7 +20,6 @@ use booking_expiration::{
     },
     telemetry::{Health, Metrics},
 };
-use crate::support::*;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},

@@ -4,13 +4,12 @@
 //! batch is all or nothing under shutdown and failed writes (with the
 //! domain-event subscriber's contract).
 
-mod common;
-
 use std::{
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
+use crate::support::{NewBooking, TestDb, clock, expiry_settings, t0, wait_until};
 use booking_expiration::{
     config::ExpirySettings,
     db::{
@@ -21,7 +20,6 @@ use booking_expiration::{
     domain::{BookingExpired, DomainEventSubscriber, Phase},
     expiry::CycleError,
 };
-use common::{NewBooking, TestDb, clock, expiry_settings, t0, wait_until};
 use diesel::{
     QueryableByName,
     sql_types::{BigInt, Text},
