@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backoff, KafkaSink,
-    maintenance::every,
     sink::{OutgoingRecord, Sink, SinkError},
 };
 use crate::{
@@ -32,6 +31,8 @@ use crate::{
 const DRAIN_BUDGET: Duration = Duration::from_secs(5);
 /// How often the broker is asked about the topic (readiness).
 pub const BROKER_CHECK_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the broker is checked while it is unready.
+pub const BROKER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// Errors of one publishing round.
 #[derive(Debug, thiserror::Error)]
@@ -194,14 +195,26 @@ impl<S: Sink> Publisher<S> {
     }
 
     /// [`Self::check_broker`] at once and then every
-    /// [`BROKER_CHECK_INTERVAL`] until `shutdown`.
+    /// [`BROKER_CHECK_INTERVAL`] until `shutdown`; every
+    /// [`BROKER_RECHECK_INTERVAL`] while the broker is unready, so `/readyz`
+    /// turns ready soon after the broker is back even when the outbox is
+    /// empty and no produce would tell.
     pub async fn run_broker_check(&self, shutdown: CancellationToken) {
-        every(BROKER_CHECK_INTERVAL, &shutdown, || async {
+        loop {
             if let Err(error) = self.check_broker().await {
                 tracing::warn!(error = %ErrorChain(&error), "Kafka check failed");
             }
-        })
-        .await;
+            let wait = if self.health.broker_ready() {
+                BROKER_CHECK_INTERVAL
+            } else {
+                BROKER_RECHECK_INTERVAL
+            };
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
     }
 
     /// Publishes until the backlog is drained (a batch comes back short),
