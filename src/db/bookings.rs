@@ -245,6 +245,46 @@ pub async fn oldest_due_deadline(
     Ok(row.oldest)
 }
 
+/// One statement, one probe on each partial index: the earliest deadline
+/// among active rows that is not yet due at `$1` (`deadline >= as_of`; due
+/// rows the cycle could not take are the regular tick's). `least` skips a
+/// phase with no such row.
+static NEXT_DEADLINE: LazyLock<String> = LazyLock::new(|| {
+    let probes: Vec<String> = Phase::ALL
+        .map(|phase| {
+            let deadline = phase.deadline_field();
+            format!(
+                "(SELECT min({deadline}) FROM bookings WHERE {} AND {deadline} >= $1)",
+                index_predicate(phase)
+            )
+        })
+        .into();
+    format!("SELECT least({}) AS next", probes.join(", "))
+});
+
+/// The next deadline after `as_of` among active bookings of both phases:
+/// when the scheduler wakes for the next expiry.
+pub async fn next_deadline(
+    conn: &mut AsyncPgConnection,
+    as_of: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>, DbError> {
+    #[derive(QueryableByName)]
+    struct Next {
+        #[diesel(sql_type = Nullable<Timestamptz>)]
+        next: Option<DateTime<Utc>>,
+    }
+    let row: Next = diesel::sql_query(NEXT_DEADLINE.as_str())
+        .bind::<Timestamptz, _>(as_of)
+        .get_result(conn)
+        .await?;
+    Ok(row.next)
+}
+
+/// The probe statement of [`next_deadline`] (EXPLAIN tests).
+pub fn next_deadline_sql() -> &'static str {
+    NEXT_DEADLINE.as_str()
+}
+
 /// Due rows of `phase` the domain will refuse (legacy rows without
 /// `deal_id` or `property_object_id`), oldest first.
 pub async fn due_poison_rows(

@@ -113,6 +113,7 @@ impl Booking {
             phase,
             from_status: self.status,
             to_status,
+            deadline,
             expired_at: as_of,
             version,
         };
@@ -159,6 +160,7 @@ mod tests {
         assert_eq!(expiry.booking.version, 8);
         assert_eq!(expiry.event.phase, Phase::Reserve);
         assert_eq!(expiry.event.from_status, Status::Reserved);
+        assert_eq!(expiry.event.deadline, at(-1));
         assert_eq!(expiry.event.version, 8);
     }
 
@@ -179,6 +181,11 @@ mod tests {
             .unwrap();
         assert_eq!(expiry.booking.status, Status::BookingExpired);
         assert_eq!(expiry.event.phase, Phase::Booking);
+        assert_eq!(
+            expiry.event.deadline,
+            at(-1),
+            "the Booking phase's deadline"
+        );
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub struct BookingExpired {
     pub phase: Phase,
     pub from_status: Status,
     pub to_status: Status,
+    /// The phase's deadline that passed (strictly before `expired_at`).
+    pub deadline: DateTime<Utc>,
     /// The cycle's `as_of`.
     pub expired_at: DateTime<Utc>,
     /// The booking's version after the transition.

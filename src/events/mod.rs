@@ -114,6 +114,7 @@ mod tests {
             phase,
             from_status: phase.active_statuses()[0],
             to_status: phase.target_status(),
+            deadline: Utc.timestamp_opt(seconds - 1, nanos).single().unwrap(),
             expired_at: Utc.timestamp_opt(seconds, nanos).single().unwrap(),
             version,
         }

@@ -382,6 +382,11 @@ impl ExpiryWorker {
             .items
             .get_or_create(&phase.into())
             .inc_by(expired);
+        let lateness = self.metrics.lateness_seconds.get_or_create(&phase.into());
+        for event in &batch.expired {
+            let late = (event.expired_at - event.deadline).num_microseconds();
+            lateness.observe(late.unwrap_or(i64::MAX) as f64 / 1e6);
+        }
         for event in &batch.expired {
             tracing::info!(
                 booking_id = %event.booking_id,
