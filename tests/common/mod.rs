@@ -12,7 +12,10 @@ use std::{
 
 use booking_expiration::{
     clock::{Clock, ManualClock},
-    config::{Compression, DatabaseSettings, DatabaseUrl, ExpirySettings, KafkaSettings},
+    config::{
+        Compression, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings, KafkaSettings,
+        ShutdownSettings,
+    },
     db::{self, PgPool},
     expiry::ExpiryWorker,
     telemetry::Metrics,
@@ -63,9 +66,14 @@ pub fn expiry_settings(batch_size: u32) -> ExpirySettings {
         cycle_budget: Duration::from_secs(30),
         // Tests set the clock far from the database's on purpose.
         max_clock_skew: None,
-        shutdown_grace: Duration::from_secs(10),
-        ce_source: "/pin/crm/booking-expiration".into(),
-        topic: "pin.crm.booking-expired.v1".into(),
+    }
+}
+
+/// The default `ce_source` and the topic `topic`.
+pub fn events_on(topic: &str) -> EventSettings {
+    EventSettings {
+        topic: topic.to_owned(),
+        ..EventSettings::default()
     }
 }
 
@@ -147,10 +155,21 @@ impl TestDb {
     }
 
     pub fn worker_with(&self, clock: &ManualClock, settings: ExpirySettings) -> ExpiryWorker {
+        self.worker_for(clock, settings, EventSettings::default())
+    }
+
+    pub fn worker_for(
+        &self,
+        clock: &ManualClock,
+        settings: ExpirySettings,
+        events: EventSettings,
+    ) -> ExpiryWorker {
         ExpiryWorker::new(
             self.pool.clone(),
             Arc::new(clock.clone()) as Arc<dyn Clock>,
             settings,
+            events,
+            ShutdownSettings::default(),
             Arc::new(Metrics::new()),
         )
     }
