@@ -26,7 +26,7 @@ use std::{fmt, net::SocketAddr, time::Duration};
 use clap::Args;
 
 pub use cli::{Cli, Command, DatabaseArgs, KafkaArgs, RunArgs};
-use defaults::text;
+use defaults::{AsText as _, text};
 use parse::setting;
 
 /// A setting that is missing or malformed, or settings that cannot work
@@ -155,8 +155,8 @@ fn check_kafka_fits_idle_transaction(
         format!(
             "{} must be at most DATABASE_STATEMENT_TIMEOUT ({}): a publish transaction \
              waits idle for Kafka and PostgreSQL ends it after twice DATABASE_STATEMENT_TIMEOUT",
-            humantime::format_duration(kafka.request_timeout),
-            humantime::format_duration(database.statement_timeout),
+            kafka.request_timeout.as_text(),
+            database.statement_timeout.as_text(),
         ),
     ))
 }
