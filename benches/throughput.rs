@@ -17,8 +17,11 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use booking_expiration::{
-    clock::{Clock, ManualClock, SystemClock},
-    config::{Compression, ExpirySettings, KafkaSettings, PublisherSettings},
+    clock::{ManualClock, SystemClock},
+    config::{
+        Compression, EventSettings, ExpirySettings, KafkaSettings, PublisherSettings,
+        ShutdownSettings,
+    },
     db::{self, PgPool, bookings, outbox, seed::SeedPlan},
     domain::{Phase, RunId},
     expiry::ExpiryWorker,
@@ -42,8 +45,6 @@ const PUBLISH_BATCH: u32 = 500;
 /// `OUTBOX_CONCURRENCY`'s default: batches in flight while draining.
 fn publish_concurrency() -> u32 {
     booking_expiration::config::defaults::OUTBOX_CONCURRENCY
-        .parse()
-        .expect("OUTBOX_CONCURRENCY's default is a number")
 }
 
 // ---------------------------------------------------------------------------
@@ -138,10 +139,28 @@ fn expiry_settings(batch: u32) -> ExpirySettings {
         cycle_budget: Duration::from_secs(3600),
         // as_of is set explicitly (ManualClock), not read from the clock.
         max_clock_skew: None,
-        shutdown_grace: Duration::from_secs(10),
+    }
+}
+
+fn events() -> EventSettings {
+    EventSettings {
         ce_source: SOURCE.into(),
         topic: TOPIC.into(),
     }
+}
+
+/// A worker as the benchmarks run it: `as_of` set by the clock given.
+fn worker(pool: PgPool, as_of: DateTime<Utc>, batch: u32) -> ExpiryWorker {
+    ExpiryWorker::new(
+        pool,
+        Arc::new(ManualClock::new(as_of)),
+        expiry_settings(batch),
+        events(),
+        ShutdownSettings {
+            grace: Duration::from_secs(10),
+        },
+        Arc::new(Metrics::new()),
+    )
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -183,14 +202,7 @@ async fn expire_all(
     let pools = pools(url, instances).await?;
     let workers: Vec<Arc<ExpiryWorker>> = pools
         .iter()
-        .map(|pool| {
-            Arc::new(ExpiryWorker::new(
-                pool.clone(),
-                Arc::new(ManualClock::new(as_of)) as Arc<dyn Clock>,
-                expiry_settings(batch),
-                Arc::new(Metrics::new()),
-            ))
-        })
+        .map(|pool| Arc::new(worker(pool.clone(), as_of, batch)))
         .collect();
     let token = CancellationToken::new();
     let started = Instant::now();
@@ -551,12 +563,7 @@ async fn idle_cycles(svc: &Services, template: &Template, reps: usize) -> Result
     let url = svc.url_of(&db);
     let load = loadavg();
     let pool = pools(&url, 1).await?.remove(0);
-    let worker = ExpiryWorker::new(
-        pool.clone(),
-        Arc::new(ManualClock::new(template.as_of)),
-        expiry_settings(200),
-        Arc::new(Metrics::new()),
-    );
+    let worker = worker(pool.clone(), template.as_of, 200);
     let token = CancellationToken::new();
     // One untimed cycle prepares the statements, as in a running worker.
     worker

@@ -8,7 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::{Clock, SystemClock},
-    config::{self, ConfigError, DatabaseArgs, ExpiryArgs, KafkaArgs, PublisherArgs, SeedArgs},
+    config::{
+        ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
+        ShutdownSettings,
+    },
     db::{self, DbError},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
     outbox::{self, KafkaSink, LagStats, Publisher, RetentionSweep},
@@ -39,9 +42,8 @@ impl AppError {
 }
 
 /// `migrate`: applies pending migrations.
-pub async fn migrate(database: &DatabaseArgs) -> Result<Vec<String>, AppError> {
-    let settings = database.settings()?;
-    let applied = db::migrate::run_migrations(&settings).await?;
+pub async fn migrate(database: &DatabaseSettings) -> Result<Vec<String>, AppError> {
+    let applied = db::migrate::run_migrations(database).await?;
     if applied.is_empty() {
         tracing::info!("schema is up to date");
     } else {
@@ -52,38 +54,28 @@ pub async fn migrate(database: &DatabaseArgs) -> Result<Vec<String>, AppError> {
 
 /// `once`: one cycle, no publishing.
 pub async fn once(
-    database: &DatabaseArgs,
-    expiry: &ExpiryArgs,
+    database: &DatabaseSettings,
+    expiry: ExpirySettings,
+    events: EventSettings,
+    shutdown_settings: ShutdownSettings,
     shutdown: CancellationToken,
 ) -> Result<CycleReport, AppError> {
-    let db_settings = database.settings()?;
-    let expiry_settings = expiry.settings()?;
-    let pool = db::connect_pool(&db_settings).await?;
+    let pool = db::connect_pool(database).await?;
     let worker = ExpiryWorker::new(
         pool,
         Arc::new(SystemClock),
-        expiry_settings,
+        expiry,
+        events,
+        shutdown_settings,
         Arc::new(Metrics::new()),
     );
     Ok(worker.run_cycle(&shutdown).await?.report)
 }
 
-/// Everything `run` needs, validated.
-pub struct RunArgs<'a> {
-    pub database: &'a DatabaseArgs,
-    pub expiry: &'a ExpiryArgs,
-    pub kafka: &'a KafkaArgs,
-    pub publisher: &'a PublisherArgs,
-    pub metrics_addr: &'a str,
-    pub liveness_window: &'a str,
-    pub no_worker: bool,
-    pub no_publisher: bool,
-}
-
 /// Waits for the database at start: in an orchestrated deployment it may
 /// come up after the worker. Every failed attempt is logged with its reason.
 async fn wait_for_database(
-    settings: &config::DatabaseSettings,
+    settings: &DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> Result<bool, AppError> {
     let mut backoff = outbox::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
@@ -103,32 +95,23 @@ async fn wait_for_database(
 }
 
 /// `run`: worker + publisher + HTTP until `shutdown`, then a graceful stop.
-pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), AppError> {
-    let db_settings = args.database.settings()?;
-    let expiry_settings = args.expiry.settings()?;
-    let publisher_settings = args.publisher.settings()?;
-    let kafka_settings = if args.no_publisher {
-        None
-    } else {
-        Some(args.kafka.settings()?)
-    };
-    if args.no_worker && args.no_publisher {
-        return Err(ConfigError {
-            setting: "NO_WORKER",
-            problem: "and NO_PUBLISHER together leave nothing to run".into(),
-        }
-        .into());
-    }
-    let metrics_addr = config::parse_socket_addr("METRICS_ADDR", args.metrics_addr)?;
-    let liveness_window = config::parse_duration("LIVENESS_WINDOW", args.liveness_window)?;
+pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), AppError> {
+    let grace = settings.stop_grace();
+    let Settings {
+        database: db_settings,
+        expiry: expiry_settings,
+        events,
+        publisher: publisher_settings,
+        kafka: kafka_settings,
+        http: http_settings,
+        shutdown: shutdown_settings,
+        roles,
+    } = settings;
+    let metrics_addr = http_settings.metrics_addr;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::new(
-        clock.now(),
-        !args.no_worker,
-        !args.no_publisher,
-    ));
+    let health = Arc::new(Health::new(clock.now(), roles.worker, roles.publisher));
     let pool = db::build_pool(&db_settings);
     let listener = http::bind(metrics_addr).await?;
     tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), "starting");
@@ -139,7 +122,7 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
             metrics: Arc::clone(&metrics),
             health: Arc::clone(&health),
             pool: pool.clone(),
-            liveness_window,
+            liveness_window: http_settings.liveness_window,
         },
         shutdown.clone(),
     ));
@@ -147,17 +130,13 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
     if !wait_for_database(&db_settings, &shutdown).await? {
         shutdown.cancel();
     }
-    let grace = expiry_settings.shutdown_grace
-        + kafka_settings
-            .as_ref()
-            .map_or(Duration::ZERO, |k| k.request_timeout)
-        + Duration::from_secs(5);
-
-    if !args.no_worker && !shutdown.is_cancelled() {
+    if roles.worker && !shutdown.is_cancelled() {
         let worker = Arc::new(ExpiryWorker::new(
             pool.clone(),
             Arc::clone(&clock),
-            expiry_settings.clone(),
+            expiry_settings,
+            events.clone(),
+            shutdown_settings,
             Arc::clone(&metrics),
         ));
         tasks.spawn(scheduler::run(
@@ -185,7 +164,7 @@ pub async fn run(args: RunArgs<'_>, shutdown: CancellationToken) -> Result<(), A
             publisher_settings,
             Arc::clone(&metrics),
             Arc::clone(&health),
-            expiry_settings.topic.clone(),
+            events.topic.clone(),
         );
         // Four tasks, each with its own schedule: publishing (wake-up,
         // backoff), the broker readiness check, the lag gauges, retention.
@@ -282,10 +261,9 @@ pub struct PoisonRow {
 }
 
 /// `status`: reads only; takes no locks that the worker would skip.
-pub async fn status(database: &DatabaseArgs) -> Result<StatusReport, AppError> {
+pub async fn status(database: &DatabaseSettings) -> Result<StatusReport, AppError> {
     use crate::{db::bookings, domain::Phase};
-    let settings = database.settings()?;
-    let mut conn = db::establish(&settings).await?;
+    let mut conn = db::establish(database).await?;
     let as_of = SystemClock.now();
     let mut phases = Vec::new();
     let mut poison = Vec::new();
@@ -370,10 +348,8 @@ impl std::fmt::Display for StatusReport {
 }
 
 /// `seed`: inserts synthetic bookings relative to now.
-pub async fn seed(database: &DatabaseArgs, args: &SeedArgs) -> Result<u64, AppError> {
-    let settings = database.settings()?;
-    let plan = args.settings()?;
-    let mut conn = db::establish(&settings).await?;
+pub async fn seed(database: &DatabaseSettings, plan: &SeedSettings) -> Result<u64, AppError> {
+    let mut conn = db::establish(database).await?;
     let inserted = db::seed::seed(
         &mut conn,
         &db::seed::SeedPlan {

@@ -1,270 +1,206 @@
-//! Typed settings, read from flags or the environment variables of the
-//! same name, validated once at start. Values are taken as text and parsed
-//! here so every mistake becomes one [`ConfigError`] naming the setting.
+//! Typed settings, parsed once at the edge and grouped by the part of the
+//! program that uses them.
+//!
+//! Every setting is a flag or the environment variable of the same name
+//! (spec §9). Its value parser ([`parse`]) turns the text into its type
+//! while clap reads the command line, so a malformed value is one
+//! [`ConfigError`] naming the variable; defaults are typed constants
+//! ([`defaults`]) that go through the same parsers. The groups below are
+//! what their owners receive: the expiry worker gets [`ExpirySettings`],
+//! [`EventSettings`] and [`ShutdownSettings`], the publisher
+//! [`PublisherSettings`] and [`KafkaSettings`], and so on. `run` gets all of
+//! them as one [`Settings`], whose one validation step
+//! ([`Settings::from_args`]) checks what spans settings; the other commands
+//! take only the groups they use ([`Command`]).
+//!
+//! Each argument's id is its variable name: ids stay unique across the
+//! flattened groups, and `--help` shows `--expiration-interval
+//! <EXPIRATION_INTERVAL>`.
+
+mod cli;
+pub mod defaults;
+pub mod parse;
 
 use std::{fmt, net::SocketAddr, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 
-/// Named defaults (spec §9 and the operator documentation).
-pub mod defaults {
-    pub const KAFKA_TOPIC: &str = "pin.crm.booking-expired.v1";
-    pub const EXPIRATION_INTERVAL: &str = "60s";
-    pub const EXPIRATION_BATCH_SIZE: &str = "200";
-    pub const EXPIRATION_MAX_BATCHES_PER_CYCLE: &str = "1000";
-    pub const EXPIRATION_CYCLE_BUDGET: &str = "30s";
-    pub const EXPIRATION_MAX_CLOCK_SKEW: &str = "2s";
-    pub const METRICS_ADDR: &str = "127.0.0.1:9464";
-    pub const DATABASE_POOL_SIZE: &str = "8";
-    pub const DATABASE_CONNECT_TIMEOUT: &str = "5s";
-    pub const DATABASE_STATEMENT_TIMEOUT: &str = "30s";
-    pub const SHUTDOWN_GRACE: &str = "10s";
-    pub const OUTBOX_BATCH_SIZE: &str = "500";
-    pub const OUTBOX_POLL_INTERVAL: &str = "1s";
-    pub const OUTBOX_CONCURRENCY: &str = "2";
-    pub const OUTBOX_RETENTION: &str = "24h";
-    pub const KAFKA_REQUEST_TIMEOUT: &str = "10s";
-    pub const KAFKA_CLIENT_ID: &str = "booking-expiration";
-    pub const KAFKA_TOPIC_PARTITIONS: &str = "3";
-    pub const KAFKA_REPLICATION_FACTOR: &str = "1";
-    pub const KAFKA_COMPRESSION: &str = "none";
-    pub const CE_SOURCE: &str = crate::events::DEFAULT_SOURCE;
-}
+pub use cli::{Cli, Command, DatabaseArgs, KafkaArgs, RunArgs};
+use defaults::{AsText as _, text};
+use parse::setting;
 
-/// A setting that is missing or malformed.
+/// A setting that is missing or malformed, or settings that cannot work
+/// together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{setting}: {problem}")]
 pub struct ConfigError {
-    /// The environment variable name of the setting.
-    pub setting: &'static str,
+    /// The environment variable name of the setting (the flag for flags
+    /// without one).
+    pub setting: String,
     pub problem: String,
 }
 
 impl ConfigError {
-    fn new(setting: &'static str, problem: impl Into<String>) -> Self {
+    pub fn new(setting: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
-            setting,
+            setting: setting.into(),
             problem: problem.into(),
         }
     }
-}
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "booking-expiration",
-    version,
-    about = "Expires overdue bookings and publishes BookingExpiredEvent to Kafka"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-// Parsed once at start; boxing the big variant would buy nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Apply the embedded migrations (idempotent) and exit.
-    Migrate {
-        #[command(flatten)]
-        database: DatabaseArgs,
-    },
-    /// Run the expiry worker, the outbox publisher and the HTTP endpoints until SIGTERM/SIGINT.
-    Run {
-        #[command(flatten)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        expiry: ExpiryArgs,
-        #[command(flatten)]
-        kafka: KafkaArgs,
-        #[command(flatten)]
-        publisher: PublisherArgs,
-        /// HTTP address for /metrics, /healthz and /readyz.
-        #[arg(long, env = "METRICS_ADDR", default_value = defaults::METRICS_ADDR)]
-        metrics_addr: String,
-        /// /healthz fails when no cycle succeeded for this long.
-        #[arg(long, env = "LIVENESS_WINDOW", default_value = "5m")]
-        liveness_window: String,
-        /// Run the publisher only (no expiry cycles).
-        #[arg(long, env = "NO_WORKER", default_value_t = false)]
-        no_worker: bool,
-        /// Run the expiry worker only (outbox rows wait for another instance).
-        #[arg(long, env = "NO_PUBLISHER", default_value_t = false)]
-        no_publisher: bool,
-    },
-    /// Run exactly one expiry cycle (no publishing) and print its result as a JSON line.
-    Once {
-        #[command(flatten)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        expiry: ExpiryArgs,
-    },
-    /// Show backlog, outbox lag and poison rows without changing anything.
-    Status {
-        #[command(flatten)]
-        database: DatabaseArgs,
-        /// One JSON object instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Insert synthetic bookings (demo, benchmarks, load tests).
-    Seed {
-        #[command(flatten)]
-        database: DatabaseArgs,
-        #[command(flatten)]
-        seed: SeedArgs,
-    },
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct SeedArgs {
-    /// Active bookings (Reserved, AwaitingPayment and Booked in turn).
-    #[arg(long, default_value = "10000")]
-    pub active: String,
-    /// Share of the active bookings already due (0.0-1.0).
-    #[arg(long, default_value = "0.2")]
-    pub due_fraction: String,
-    /// Terminal or inactive rows beside them.
-    #[arg(long, default_value = "0")]
-    pub inactive: String,
-    /// Due legacy rows without deal_id (poison).
-    #[arg(long, default_value = "0")]
-    pub poison: String,
-    /// The not-yet-due deadlines are spread over this span from now.
-    #[arg(long, default_value = "10m")]
-    pub spread: String,
-}
-
-/// A validated `seed` request.
-#[derive(Debug, Clone)]
-pub struct SeedSettings {
-    pub active: u64,
-    pub due_fraction: f64,
-    pub inactive: u64,
-    pub poison: u64,
-    pub spread: Duration,
-}
-
-impl SeedArgs {
-    pub fn settings(&self) -> Result<SeedSettings, ConfigError> {
-        let count = |setting: &'static str, raw: &str| -> Result<u64, ConfigError> {
-            raw.trim().parse::<u64>().map_err(|_| {
-                ConfigError::new(setting, format!("{raw:?} is not a whole number >= 0"))
-            })
-        };
-        let due_fraction: f64 = self
-            .due_fraction
-            .trim()
-            .parse()
-            .ok()
-            .filter(|f: &f64| (0.0..=1.0).contains(f))
-            .ok_or_else(|| {
-                ConfigError::new(
-                    "--due-fraction",
-                    format!("{:?} is not between 0 and 1", self.due_fraction),
-                )
-            })?;
-        Ok(SeedSettings {
-            active: count("--active", &self.active)?,
-            due_fraction,
-            inactive: count("--inactive", &self.inactive)?,
-            poison: count("--poison", &self.poison)?,
-            spread: parse_duration("--spread", &self.spread)?,
-        })
+    /// The setting error inside a clap error from a [`parse::setting`]
+    /// value parser. `main` prints it as the one line of an exit 2 instead
+    /// of clap's text, which spans several lines and quotes the value (a
+    /// password, say).
+    pub fn from_clap(error: &clap::Error) -> Option<Self> {
+        std::error::Error::source(error)?
+            .downcast_ref::<Self>()
+            .cloned()
     }
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct DatabaseArgs {
-    /// PostgreSQL URL (postgres://user:password@host:port/database).
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
-    pub database_url: Option<String>,
-    /// Maximum connections in the pool.
-    #[arg(long, env = "DATABASE_POOL_SIZE", default_value = defaults::DATABASE_POOL_SIZE)]
-    pub database_pool_size: String,
-    /// Time to wait for a connection.
-    #[arg(long, env = "DATABASE_CONNECT_TIMEOUT", default_value = defaults::DATABASE_CONNECT_TIMEOUT)]
-    pub database_connect_timeout: String,
-    /// Server-side limit of one statement.
-    #[arg(long, env = "DATABASE_STATEMENT_TIMEOUT", default_value = defaults::DATABASE_STATEMENT_TIMEOUT)]
-    pub database_statement_timeout: String,
+/// Everything `run` needs, validated, grouped by owner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub expiry: ExpirySettings,
+    pub events: EventSettings,
+    pub publisher: PublisherSettings,
+    /// `Some` exactly when `roles.publisher`.
+    pub kafka: Option<KafkaSettings>,
+    pub http: HttpSettings,
+    pub shutdown: ShutdownSettings,
+    pub roles: Roles,
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct ExpiryArgs {
-    /// Cycle period (humantime: 500ms, 1s, 60s).
-    #[arg(long, env = "EXPIRATION_INTERVAL", default_value = defaults::EXPIRATION_INTERVAL)]
-    pub expiration_interval: String,
-    /// Rows per phase per transaction.
-    #[arg(long, env = "EXPIRATION_BATCH_SIZE", default_value = defaults::EXPIRATION_BATCH_SIZE)]
-    pub expiration_batch_size: String,
-    /// Batches per phase per cycle while batches come back full (1 = one batch per cycle).
-    #[arg(long, env = "EXPIRATION_MAX_BATCHES_PER_CYCLE", default_value = defaults::EXPIRATION_MAX_BATCHES_PER_CYCLE)]
-    pub expiration_max_batches_per_cycle: String,
-    /// No new batch starts after a cycle ran this long.
-    #[arg(long, env = "EXPIRATION_CYCLE_BUDGET", default_value = defaults::EXPIRATION_CYCLE_BUDGET)]
-    pub expiration_cycle_budget: String,
-    /// as_of never runs ahead of the database clock by more than this ("off" disables the check).
-    #[arg(long, env = "EXPIRATION_MAX_CLOCK_SKEW", default_value = defaults::EXPIRATION_MAX_CLOCK_SKEW)]
-    pub expiration_max_clock_skew: String,
-    /// On shutdown, how long an in-flight batch may take before it is rolled back.
-    #[arg(long, env = "SHUTDOWN_GRACE", default_value = defaults::SHUTDOWN_GRACE)]
-    pub shutdown_grace: String,
-    /// `ce_source` header of the events.
-    #[arg(long, env = "CE_SOURCE", default_value = defaults::CE_SOURCE)]
-    pub ce_source: String,
-    /// Topic written on outbox rows.
-    #[arg(long, env = "KAFKA_TOPIC", default_value = defaults::KAFKA_TOPIC)]
-    pub kafka_topic: String,
+/// Which loops `run` starts (`NO_WORKER`, `NO_PUBLISHER`); at least one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Roles {
+    pub worker: bool,
+    pub publisher: bool,
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct KafkaArgs {
-    /// Comma-separated host:port list.
-    #[arg(long, env = "KAFKA_BOOTSTRAP_SERVERS")]
-    pub kafka_bootstrap_servers: Option<String>,
-    /// Client id sent to the broker.
-    #[arg(long, env = "KAFKA_CLIENT_ID", default_value = defaults::KAFKA_CLIENT_ID)]
-    pub kafka_client_id: String,
-    /// Limit of one metadata or produce exchange, retries included.
-    #[arg(long, env = "KAFKA_REQUEST_TIMEOUT", default_value = defaults::KAFKA_REQUEST_TIMEOUT)]
-    pub kafka_request_timeout: String,
-    /// Create the topic when it does not exist (otherwise a missing topic is an error).
-    #[arg(long, env = "KAFKA_CREATE_TOPIC", default_value_t = false)]
-    pub kafka_create_topic: bool,
-    /// Partitions of a topic created by KAFKA_CREATE_TOPIC.
-    #[arg(long, env = "KAFKA_TOPIC_PARTITIONS", default_value = defaults::KAFKA_TOPIC_PARTITIONS)]
-    pub kafka_topic_partitions: String,
-    /// Replication factor of a topic created by KAFKA_CREATE_TOPIC.
-    #[arg(long, env = "KAFKA_REPLICATION_FACTOR", default_value = defaults::KAFKA_REPLICATION_FACTOR)]
-    pub kafka_replication_factor: String,
-    /// none, gzip or snappy (lz4/zstd with their opt-in features).
-    #[arg(long, env = "KAFKA_COMPRESSION", default_value = defaults::KAFKA_COMPRESSION)]
-    pub kafka_compression: String,
-    /// PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; unset = no SASL.
-    #[arg(long, env = "KAFKA_SASL_MECHANISM")]
-    pub kafka_sasl_mechanism: Option<String>,
-    #[arg(long, env = "KAFKA_SASL_USERNAME")]
-    pub kafka_sasl_username: Option<String>,
-    #[arg(long, env = "KAFKA_SASL_PASSWORD", hide_env_values = true)]
-    pub kafka_sasl_password: Option<String>,
+/// Time `run` allows, after its tasks' own bounds, for the last commit,
+/// the last mark and closing connections.
+pub const STOP_MARGIN: Duration = Duration::from_secs(5);
+
+impl Settings {
+    /// The one validation step of `run`: the required settings and every
+    /// rule that spans settings. Each value was parsed (and range-checked)
+    /// by its value parser already.
+    pub fn from_args(args: RunArgs) -> Result<Self, ConfigError> {
+        let database = args.database.settings()?;
+        if args.no_worker && args.no_publisher {
+            return Err(ConfigError::new(
+                "NO_WORKER",
+                "and NO_PUBLISHER together leave nothing to run",
+            ));
+        }
+        let kafka = if args.no_publisher {
+            None
+        } else {
+            let kafka = kafka_settings(args.kafka)?;
+            check_kafka_fits_idle_transaction(&database, &kafka)?;
+            Some(kafka)
+        };
+        Ok(Self {
+            database,
+            expiry: args.expiry,
+            events: args.events,
+            publisher: args.publisher,
+            kafka,
+            http: args.http,
+            shutdown: args.shutdown,
+            roles: Roles {
+                worker: !args.no_worker,
+                publisher: !args.no_publisher,
+            },
+        })
+    }
+
+    /// How long `run` waits for its tasks after a stop signal before it
+    /// aborts them: the grace an in-flight expiry batch gets
+    /// (`SHUTDOWN_GRACE`), one `KAFKA_REQUEST_TIMEOUT` for a produce in
+    /// flight (it bounds the whole produce: connect, metadata, leader
+    /// lookup and produce), and [`STOP_MARGIN`].
+    pub fn stop_grace(&self) -> Duration {
+        self.shutdown.grace
+            + self
+                .kafka
+                .as_ref()
+                .map_or(Duration::ZERO, |kafka| kafka.request_timeout)
+            + STOP_MARGIN
+    }
 }
 
-#[derive(Debug, Clone, Args)]
-pub struct PublisherArgs {
-    /// Outbox rows claimed per transaction.
-    #[arg(long, env = "OUTBOX_BATCH_SIZE", default_value = defaults::OUTBOX_BATCH_SIZE)]
-    pub outbox_batch_size: String,
-    /// Polling period when no commit notification arrives.
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL", default_value = defaults::OUTBOX_POLL_INTERVAL)]
-    pub outbox_poll_interval: String,
-    /// How long published rows are kept (0s = delete right after publishing).
-    #[arg(long, env = "OUTBOX_RETENTION", default_value = defaults::OUTBOX_RETENTION)]
-    pub outbox_retention: String,
-    /// Batches in flight at once while a backlog drains (each its own
-    /// transaction and pooled connection; SKIP LOCKED keeps them disjoint).
-    #[arg(long, env = "OUTBOX_CONCURRENCY", default_value = defaults::OUTBOX_CONCURRENCY)]
-    pub outbox_concurrency: String,
+/// `KAFKA_REQUEST_TIMEOUT` must be at most `DATABASE_STATEMENT_TIMEOUT`.
+///
+/// A publish transaction sits idle while its batch is on the way to Kafka,
+/// for up to one `KAFKA_REQUEST_TIMEOUT`, and the server ends a transaction
+/// idle for longer than [`DatabaseSettings::idle_in_transaction_timeout`]
+/// (twice `DATABASE_STATEMENT_TIMEOUT`): the batch would be rolled back
+/// after Kafka took it, and republished. The rule keeps the produce within
+/// half that limit; the other half is margin for a timeout that fires late
+/// on a busy runtime and for the mark that follows it.
+fn check_kafka_fits_idle_transaction(
+    database: &DatabaseSettings,
+    kafka: &KafkaSettings,
+) -> Result<(), ConfigError> {
+    let limit = database.idle_in_transaction_timeout() / 2;
+    if kafka.request_timeout <= limit {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "KAFKA_REQUEST_TIMEOUT",
+        format!(
+            "{} must be at most DATABASE_STATEMENT_TIMEOUT ({}): a publish transaction \
+             waits idle for Kafka and PostgreSQL ends it after twice DATABASE_STATEMENT_TIMEOUT",
+            kafka.request_timeout.as_text(),
+            database.statement_timeout.as_text(),
+        ),
+    ))
+}
+
+/// Builds the Kafka group: the servers are required for the publisher,
+/// and a SASL mechanism needs its username and password.
+fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
+    let bootstrap_servers = args
+        .kafka_bootstrap_servers
+        .ok_or_else(|| {
+            ConfigError::new(
+                "KAFKA_BOOTSTRAP_SERVERS",
+                "is required for run (host:port,host:port)",
+            )
+        })?
+        .0;
+    let sasl = match args.kafka_sasl_mechanism {
+        None => None,
+        Some(mechanism) => Some(SaslSettings {
+            mechanism,
+            username: args.kafka_sasl_username.ok_or_else(|| {
+                ConfigError::new(
+                    "KAFKA_SASL_USERNAME",
+                    "is required with KAFKA_SASL_MECHANISM",
+                )
+            })?,
+            password: args.kafka_sasl_password.ok_or_else(|| {
+                ConfigError::new(
+                    "KAFKA_SASL_PASSWORD",
+                    "is required with KAFKA_SASL_MECHANISM",
+                )
+            })?,
+        }),
+    };
+    Ok(KafkaSettings {
+        bootstrap_servers,
+        client_id: args.kafka_client_id,
+        request_timeout: args.kafka_request_timeout,
+        create_topic: args.kafka_create_topic,
+        topic_partitions: args.kafka_topic_partitions,
+        replication_factor: args.kafka_replication_factor,
+        compression: args.kafka_compression,
+        sasl,
+    })
 }
 
 /// A PostgreSQL URL that never prints its password.
@@ -321,7 +257,8 @@ impl fmt::Debug for DatabaseUrl {
     }
 }
 
-#[derive(Debug, Clone)]
+/// The pool and the session limits of every connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DatabaseSettings {
     pub url: DatabaseUrl,
     pub pool_size: u32,
@@ -329,21 +266,152 @@ pub struct DatabaseSettings {
     pub statement_timeout: Duration,
 }
 
-#[derive(Debug, Clone)]
+impl DatabaseSettings {
+    /// The server ends a transaction idle for longer than this (set on
+    /// every session): twice the statement timeout.
+    pub fn idle_in_transaction_timeout(&self) -> Duration {
+        self.statement_timeout * 2
+    }
+}
+
+/// The expiry worker's sweep.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ExpirySettings {
+    /// Cycle period (humantime: 500ms, 1s, 60s).
+    #[arg(id = "EXPIRATION_INTERVAL", long = "expiration-interval", env = "EXPIRATION_INTERVAL",
+          default_value = text!(defaults::EXPIRATION_INTERVAL), value_parser = setting(parse::positive_duration))]
     pub interval: Duration,
+    /// Rows per phase per transaction.
+    #[arg(id = "EXPIRATION_BATCH_SIZE", long = "expiration-batch-size", env = "EXPIRATION_BATCH_SIZE",
+          default_value = text!(defaults::EXPIRATION_BATCH_SIZE),
+          value_parser = setting(parse::count::<u32, { parse::MAX_EXPIRATION_BATCH_SIZE }>))]
     pub batch_size: u32,
+    /// Batches per phase per cycle while batches come back full (1 = one batch per cycle).
+    #[arg(id = "EXPIRATION_MAX_BATCHES_PER_CYCLE", long = "expiration-max-batches-per-cycle",
+          env = "EXPIRATION_MAX_BATCHES_PER_CYCLE", default_value = text!(defaults::EXPIRATION_MAX_BATCHES_PER_CYCLE),
+          value_parser = setting(parse::count::<u32, { parse::MAX_BATCHES_PER_CYCLE }>))]
     pub max_batches_per_cycle: u32,
+    /// No new batch starts after a cycle ran this long.
+    #[arg(id = "EXPIRATION_CYCLE_BUDGET", long = "expiration-cycle-budget", env = "EXPIRATION_CYCLE_BUDGET",
+          default_value = text!(defaults::EXPIRATION_CYCLE_BUDGET), value_parser = setting(parse::positive_duration))]
     pub cycle_budget: Duration,
-    /// `None`: as_of is the local clock, unchecked.
-    pub max_clock_skew: Option<Duration>,
-    pub shutdown_grace: Duration,
+    /// as_of never runs ahead of the database clock by more than this ("off" disables the check).
+    // `std::option::Option`: one value that may say "none", not an optional flag.
+    #[arg(id = "EXPIRATION_MAX_CLOCK_SKEW", long = "expiration-max-clock-skew", env = "EXPIRATION_MAX_CLOCK_SKEW",
+          default_value = text!(defaults::EXPIRATION_MAX_CLOCK_SKEW), value_parser = setting(parse::clock_skew))]
+    pub max_clock_skew: std::option::Option<Duration>,
+}
+
+impl Default for ExpirySettings {
+    fn default() -> Self {
+        Self {
+            interval: defaults::EXPIRATION_INTERVAL,
+            batch_size: defaults::EXPIRATION_BATCH_SIZE,
+            max_batches_per_cycle: defaults::EXPIRATION_MAX_BATCHES_PER_CYCLE,
+            cycle_budget: defaults::EXPIRATION_CYCLE_BUDGET,
+            max_clock_skew: defaults::EXPIRATION_MAX_CLOCK_SKEW,
+        }
+    }
+}
+
+/// What the events carry: the topic written on each outbox row and the
+/// `ce_source` header.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct EventSettings {
+    /// `ce_source` header of the events.
+    #[arg(id = "CE_SOURCE", long = "ce-source", env = "CE_SOURCE", default_value = defaults::CE_SOURCE)]
     pub ce_source: String,
+    /// Topic written on outbox rows.
+    #[arg(id = "KAFKA_TOPIC", long = "kafka-topic", env = "KAFKA_TOPIC", default_value = defaults::KAFKA_TOPIC,
+          value_parser = setting(parse::topic))]
     pub topic: String,
 }
 
+impl Default for EventSettings {
+    fn default() -> Self {
+        Self {
+            ce_source: defaults::CE_SOURCE.to_owned(),
+            topic: defaults::KAFKA_TOPIC.to_owned(),
+        }
+    }
+}
+
+/// How long work in flight may take once a stop was requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
+pub struct ShutdownSettings {
+    /// On shutdown, how long an in-flight batch may take before it is rolled back.
+    #[arg(id = "SHUTDOWN_GRACE", long = "shutdown-grace", env = "SHUTDOWN_GRACE",
+          default_value = text!(defaults::SHUTDOWN_GRACE), value_parser = setting(parse::duration))]
+    pub grace: Duration,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        Self {
+            grace: defaults::SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// The outbox publisher's claim, wake-up and retention.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct PublisherSettings {
+    /// Outbox rows claimed per transaction.
+    #[arg(id = "OUTBOX_BATCH_SIZE", long = "outbox-batch-size", env = "OUTBOX_BATCH_SIZE",
+          default_value = text!(defaults::OUTBOX_BATCH_SIZE),
+          value_parser = setting(parse::count::<u32, { parse::MAX_OUTBOX_BATCH_SIZE }>))]
+    pub batch_size: u32,
+    /// Polling period when no commit notification arrives.
+    #[arg(id = "OUTBOX_POLL_INTERVAL", long = "outbox-poll-interval", env = "OUTBOX_POLL_INTERVAL",
+          default_value = text!(defaults::OUTBOX_POLL_INTERVAL), value_parser = setting(parse::positive_duration))]
+    pub poll_interval: Duration,
+    /// How long published rows are kept (0s = delete right after publishing).
+    #[arg(id = "OUTBOX_RETENTION", long = "outbox-retention", env = "OUTBOX_RETENTION",
+          default_value = text!(defaults::OUTBOX_RETENTION), value_parser = setting(parse::duration))]
+    pub retention: Duration,
+    /// Batches in flight at once while a backlog drains (each its own
+    /// transaction and pooled connection; SKIP LOCKED keeps them disjoint).
+    #[arg(id = "OUTBOX_CONCURRENCY", long = "outbox-concurrency", env = "OUTBOX_CONCURRENCY",
+          default_value = text!(defaults::OUTBOX_CONCURRENCY),
+          value_parser = setting(parse::count::<u32, { parse::MAX_OUTBOX_CONCURRENCY }>))]
+    pub concurrency: u32,
+}
+
+impl Default for PublisherSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: defaults::OUTBOX_BATCH_SIZE,
+            poll_interval: defaults::OUTBOX_POLL_INTERVAL,
+            retention: defaults::OUTBOX_RETENTION,
+            concurrency: defaults::OUTBOX_CONCURRENCY,
+        }
+    }
+}
+
+/// The HTTP endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
+pub struct HttpSettings {
+    /// HTTP address for /metrics, /healthz and /readyz.
+    #[arg(id = "METRICS_ADDR", long = "metrics-addr", env = "METRICS_ADDR",
+          default_value = text!(defaults::METRICS_ADDR), value_parser = setting(parse::socket_addr))]
+    pub metrics_addr: SocketAddr,
+    /// /healthz fails when no cycle succeeded for this long.
+    #[arg(id = "LIVENESS_WINDOW", long = "liveness-window", env = "LIVENESS_WINDOW",
+          default_value = text!(defaults::LIVENESS_WINDOW), value_parser = setting(parse::duration))]
+    pub liveness_window: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            metrics_addr: defaults::METRICS_ADDR,
+            liveness_window: defaults::LIVENESS_WINDOW,
+        }
+    }
+}
+
 /// SASL mechanism and credentials.
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct SaslSettings {
     pub mechanism: SaslMechanism,
     pub username: String,
@@ -378,10 +446,26 @@ pub enum Compression {
     Zstd,
 }
 
-#[derive(Debug, Clone)]
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Snappy => "snappy",
+            #[cfg(feature = "kafka-lz4")]
+            Compression::Lz4 => "lz4",
+            #[cfg(feature = "kafka-zstd")]
+            Compression::Zstd => "zstd",
+        })
+    }
+}
+
+/// The Kafka connection of the publisher.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KafkaSettings {
     pub bootstrap_servers: Vec<String>,
     pub client_id: String,
+    /// Bounds one whole produce (see [`Settings::stop_grace`]).
     pub request_timeout: Duration,
     pub create_topic: bool,
     pub topic_partitions: i32,
@@ -390,228 +474,24 @@ pub struct KafkaSettings {
     pub sasl: Option<SaslSettings>,
 }
 
-#[derive(Debug, Clone)]
-pub struct PublisherSettings {
-    pub batch_size: u32,
-    pub poll_interval: Duration,
-    pub retention: Duration,
-    /// Batches in flight at once while a backlog drains (at least 1).
-    pub concurrency: u32,
-}
-
-/// Parses a humantime duration (`500ms`, `1s`, `60s`, `2m`).
-pub fn parse_duration(setting: &'static str, raw: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(raw.trim()).map_err(|e| {
-        ConfigError::new(
-            setting,
-            format!("{raw:?} is not a duration like 500ms, 1s or 60s ({e})"),
-        )
-    })
-}
-
-fn parse_positive_duration(setting: &'static str, raw: &str) -> Result<Duration, ConfigError> {
-    let duration = parse_duration(setting, raw)?;
-    if duration.is_zero() {
-        return Err(ConfigError::new(setting, "must be greater than zero"));
-    }
-    Ok(duration)
-}
-
-/// Parses a positive integer no larger than `max`.
-pub fn parse_count(setting: &'static str, raw: &str, max: u64) -> Result<u64, ConfigError> {
-    let value: i128 = raw
-        .trim()
-        .parse()
-        .map_err(|_| ConfigError::new(setting, format!("{raw:?} is not a whole number")))?;
-    if value < 1 {
-        return Err(ConfigError::new(
-            setting,
-            format!("must be at least 1, got {value}"),
-        ));
-    }
-    if value > i128::from(max) {
-        return Err(ConfigError::new(
-            setting,
-            format!("must be at most {max}, got {value}"),
-        ));
-    }
-    Ok(value as u64)
-}
-
-impl DatabaseArgs {
-    pub fn settings(&self) -> Result<DatabaseSettings, ConfigError> {
-        let raw = self
-            .database_url
-            .as_deref()
-            .ok_or_else(|| ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)"))?;
-        Ok(DatabaseSettings {
-            url: DatabaseUrl::parse(raw)?,
-            pool_size: parse_count("DATABASE_POOL_SIZE", &self.database_pool_size, 1000)? as u32,
-            connect_timeout: parse_positive_duration(
-                "DATABASE_CONNECT_TIMEOUT",
-                &self.database_connect_timeout,
-            )?,
-            statement_timeout: parse_positive_duration(
-                "DATABASE_STATEMENT_TIMEOUT",
-                &self.database_statement_timeout,
-            )?,
-        })
-    }
-}
-
-impl ExpiryArgs {
-    pub fn settings(&self) -> Result<ExpirySettings, ConfigError> {
-        let topic = self.kafka_topic.trim();
-        if topic.is_empty() {
-            return Err(ConfigError::new("KAFKA_TOPIC", "is empty"));
-        }
-        Ok(ExpirySettings {
-            interval: parse_positive_duration("EXPIRATION_INTERVAL", &self.expiration_interval)?,
-            batch_size: parse_count(
-                "EXPIRATION_BATCH_SIZE",
-                &self.expiration_batch_size,
-                100_000,
-            )? as u32,
-            max_batches_per_cycle: parse_count(
-                "EXPIRATION_MAX_BATCHES_PER_CYCLE",
-                &self.expiration_max_batches_per_cycle,
-                1_000_000,
-            )? as u32,
-            cycle_budget: parse_positive_duration(
-                "EXPIRATION_CYCLE_BUDGET",
-                &self.expiration_cycle_budget,
-            )?,
-            max_clock_skew: match self.expiration_max_clock_skew.trim() {
-                "off" => None,
-                raw => Some(parse_duration("EXPIRATION_MAX_CLOCK_SKEW", raw)?),
-            },
-            shutdown_grace: parse_duration("SHUTDOWN_GRACE", &self.shutdown_grace)?,
-            ce_source: self.ce_source.clone(),
-            topic: topic.to_owned(),
-        })
-    }
-}
-
-impl KafkaArgs {
-    pub fn settings(&self) -> Result<KafkaSettings, ConfigError> {
-        const SERVERS: &str = "KAFKA_BOOTSTRAP_SERVERS";
-        let raw = self.kafka_bootstrap_servers.as_deref().ok_or_else(|| {
-            ConfigError::new(SERVERS, "is required for run (host:port,host:port)")
-        })?;
-        let bootstrap_servers = raw
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|server| {
-                let (host, port) = server.rsplit_once(':').ok_or_else(|| {
-                    ConfigError::new(SERVERS, format!("{server:?} is not host:port"))
-                })?;
-                if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-                    return Err(ConfigError::new(
-                        SERVERS,
-                        format!("{server:?} is not host:port"),
-                    ));
-                }
-                Ok(server.to_owned())
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if bootstrap_servers.is_empty() {
-            return Err(ConfigError::new(SERVERS, "lists no server"));
-        }
-        let compression = match self.kafka_compression.trim().to_ascii_lowercase().as_str() {
-            "none" | "" => Compression::None,
-            "gzip" => Compression::Gzip,
-            "snappy" => Compression::Snappy,
-            #[cfg(feature = "kafka-lz4")]
-            "lz4" => Compression::Lz4,
-            #[cfg(feature = "kafka-zstd")]
-            "zstd" => Compression::Zstd,
-            other => {
-                return Err(ConfigError::new(
-                    "KAFKA_COMPRESSION",
-                    format!(
-                        "{other:?} is not none, gzip or snappy (lz4/zstd need their build features)"
-                    ),
-                ));
-            }
-        };
-        let sasl = match self.kafka_sasl_mechanism.as_deref().map(str::trim) {
-            None | Some("") => None,
-            Some(mechanism) => {
-                let mechanism = match mechanism.to_ascii_uppercase().as_str() {
-                    "PLAIN" => SaslMechanism::Plain,
-                    "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
-                    "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
-                    _ => {
-                        return Err(ConfigError::new(
-                            "KAFKA_SASL_MECHANISM",
-                            format!("{mechanism:?} is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
-                        ));
-                    }
-                };
-                Some(SaslSettings {
-                    mechanism,
-                    username: self.kafka_sasl_username.clone().ok_or_else(|| {
-                        ConfigError::new(
-                            "KAFKA_SASL_USERNAME",
-                            "is required with KAFKA_SASL_MECHANISM",
-                        )
-                    })?,
-                    password: self.kafka_sasl_password.clone().ok_or_else(|| {
-                        ConfigError::new(
-                            "KAFKA_SASL_PASSWORD",
-                            "is required with KAFKA_SASL_MECHANISM",
-                        )
-                    })?,
-                })
-            }
-        };
-        Ok(KafkaSettings {
-            bootstrap_servers,
-            client_id: self.kafka_client_id.clone(),
-            request_timeout: parse_positive_duration(
-                "KAFKA_REQUEST_TIMEOUT",
-                &self.kafka_request_timeout,
-            )?,
-            create_topic: self.kafka_create_topic,
-            topic_partitions: parse_count(
-                "KAFKA_TOPIC_PARTITIONS",
-                &self.kafka_topic_partitions,
-                10_000,
-            )? as i32,
-            replication_factor: parse_count(
-                "KAFKA_REPLICATION_FACTOR",
-                &self.kafka_replication_factor,
-                32,
-            )? as i16,
-            compression,
-            sasl,
-        })
-    }
-}
-
-impl PublisherArgs {
-    pub fn settings(&self) -> Result<PublisherSettings, ConfigError> {
-        Ok(PublisherSettings {
-            batch_size: parse_count("OUTBOX_BATCH_SIZE", &self.outbox_batch_size, 10_000)? as u32,
-            poll_interval: parse_positive_duration(
-                "OUTBOX_POLL_INTERVAL",
-                &self.outbox_poll_interval,
-            )?,
-            retention: parse_duration("OUTBOX_RETENTION", &self.outbox_retention)?,
-            concurrency: parse_count("OUTBOX_CONCURRENCY", &self.outbox_concurrency, 16)? as u32,
-        })
-    }
-}
-
-/// Parses `METRICS_ADDR`.
-pub fn parse_socket_addr(setting: &'static str, raw: &str) -> Result<SocketAddr, ConfigError> {
-    raw.trim().parse().map_err(|_| {
-        ConfigError::new(
-            setting,
-            format!("{raw:?} is not an address like 127.0.0.1:9464"),
-        )
-    })
+/// A validated `seed` request.
+#[derive(Debug, Clone, PartialEq, Args)]
+pub struct SeedSettings {
+    /// Active bookings (Reserved, AwaitingPayment and Booked in turn).
+    #[arg(long, default_value = text!(defaults::SEED_ACTIVE), value_parser = setting(parse::whole_number))]
+    pub active: u64,
+    /// Share of the active bookings already due (0.0-1.0).
+    #[arg(long, default_value = text!(defaults::SEED_DUE_FRACTION), value_parser = setting(parse::fraction))]
+    pub due_fraction: f64,
+    /// Terminal or inactive rows beside them.
+    #[arg(long, default_value = text!(defaults::SEED_NONE), value_parser = setting(parse::whole_number))]
+    pub inactive: u64,
+    /// Due legacy rows without deal_id (poison).
+    #[arg(long, default_value = text!(defaults::SEED_NONE), value_parser = setting(parse::whole_number))]
+    pub poison: u64,
+    /// The not-yet-due deadlines are spread over this span from now.
+    #[arg(long, default_value = text!(defaults::SEED_SPREAD), value_parser = setting(parse::duration))]
+    pub spread: Duration,
 }
 
 #[cfg(test)]
@@ -634,22 +514,101 @@ mod tests {
         assert!(!format!("{url:?}").contains("s3cret"));
     }
 
-    #[test]
-    fn counts_and_durations_name_their_setting() {
-        assert_eq!(parse_count("EXPIRATION_BATCH_SIZE", "200", 1000), Ok(200));
-        for bad in ["0", "-5", "abc", "", "1.5", "100000000000"] {
-            let err = parse_count("EXPIRATION_BATCH_SIZE", bad, 1000).unwrap_err();
-            assert_eq!(err.setting, "EXPIRATION_BATCH_SIZE", "{bad}");
+    fn database(statement_timeout: Duration) -> DatabaseSettings {
+        DatabaseSettings {
+            url: DatabaseUrl::parse("postgres://h/db").unwrap(),
+            pool_size: defaults::DATABASE_POOL_SIZE,
+            connect_timeout: defaults::DATABASE_CONNECT_TIMEOUT,
+            statement_timeout,
         }
+    }
+
+    fn kafka(request_timeout: Duration) -> KafkaSettings {
+        KafkaSettings {
+            bootstrap_servers: vec!["h:9092".into()],
+            client_id: defaults::KAFKA_CLIENT_ID.into(),
+            request_timeout,
+            create_topic: false,
+            topic_partitions: defaults::KAFKA_TOPIC_PARTITIONS,
+            replication_factor: defaults::KAFKA_REPLICATION_FACTOR,
+            compression: defaults::KAFKA_COMPRESSION,
+            sasl: None,
+        }
+    }
+
+    #[test]
+    fn kafka_time_must_fit_half_the_idle_transaction_limit() {
+        let secs = Duration::from_secs;
+        let fits = |statement: u64, request: u64| {
+            check_kafka_fits_idle_transaction(&database(secs(statement)), &kafka(secs(request)))
+        };
+        assert_eq!(fits(30, 10), Ok(()), "the defaults");
         assert_eq!(
-            parse_duration("EXPIRATION_INTERVAL", "500ms"),
-            Ok(Duration::from_millis(500))
+            fits(10, 10),
+            Ok(()),
+            "the produce may take half the idle limit"
+        );
+        // The idle limit is 20 s, and a produce of 11-19 s would fit it, but
+        // with less margin than the produce itself.
+        let error = fits(10, 11).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_REQUEST_TIMEOUT");
+        assert!(
+            error.problem.contains("DATABASE_STATEMENT_TIMEOUT"),
+            "{error}"
         );
         assert_eq!(
-            parse_duration("EXPIRATION_INTERVAL", "60s"),
-            Ok(Duration::from_secs(60))
+            error.to_string(),
+            "KAFKA_REQUEST_TIMEOUT: 11s must be at most DATABASE_STATEMENT_TIMEOUT (10s): \
+             a publish transaction waits idle for Kafka and PostgreSQL ends it after twice \
+             DATABASE_STATEMENT_TIMEOUT"
         );
-        assert!(parse_duration("EXPIRATION_INTERVAL", "soon").is_err());
-        assert!(parse_positive_duration("EXPIRATION_INTERVAL", "0s").is_err());
+        assert!(fits(5, 30).is_err(), "a produce longer than the idle limit");
+        assert!(
+            check_kafka_fits_idle_transaction(
+                &database(defaults::DATABASE_STATEMENT_TIMEOUT),
+                &kafka(defaults::KAFKA_REQUEST_TIMEOUT)
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn the_idle_limit_is_twice_the_statement_timeout() {
+        assert_eq!(
+            database(Duration::from_secs(30)).idle_in_transaction_timeout(),
+            Duration::from_secs(60)
+        );
+    }
+
+    fn settings(kafka: Option<KafkaSettings>) -> Settings {
+        Settings {
+            database: database(defaults::DATABASE_STATEMENT_TIMEOUT),
+            expiry: ExpirySettings::default(),
+            events: EventSettings::default(),
+            publisher: PublisherSettings::default(),
+            roles: Roles {
+                worker: true,
+                publisher: kafka.is_some(),
+            },
+            kafka,
+            http: HttpSettings::default(),
+            shutdown: ShutdownSettings {
+                grace: Duration::from_secs(7),
+            },
+        }
+    }
+
+    #[test]
+    fn stop_grace_covers_the_batch_grace_and_one_whole_produce() {
+        let with_kafka = settings(Some(kafka(Duration::from_secs(3))));
+        assert_eq!(
+            with_kafka.stop_grace(),
+            Duration::from_secs(7 + 3) + STOP_MARGIN
+        );
+        let worker_only = settings(None);
+        assert_eq!(
+            worker_only.stop_grace(),
+            Duration::from_secs(7) + STOP_MARGIN
+        );
     }
 }

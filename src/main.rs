@@ -1,12 +1,13 @@
-//! The `booking-expiration` binary: parse, set up logging, run a command,
-//! map the outcome to an exit status (0 ok, 1 failure, 2 bad configuration).
+//! The `booking-expiration` binary: parse and validate the settings, set up
+//! logging, run a command, map the outcome to an exit status (0 ok, 1
+//! failure, 2 bad configuration).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use booking_expiration::{
     app::{self, AppError},
-    config::{Cli, Command},
+    config::{Cli, Command, ConfigError, Settings},
     telemetry::logging,
 };
 use clap::Parser;
@@ -15,6 +16,10 @@ use tokio_util::sync::CancellationToken;
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        // A malformed setting: the same one line as any other bad setting.
+        Err(error) if let Some(config) = ConfigError::from_clap(&error) => {
+            return fail(&AppError::Config(config).into());
+        }
         Err(error) => {
             // --help and --version exit 0; usage errors exit 2.
             let _ = error.print();
@@ -22,19 +27,75 @@ fn main() -> ExitCode {
         }
     };
     logging::init();
-    match execute(cli) {
+    match execute(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            let code = error
-                .downcast_ref::<AppError>()
-                .map_or(1, AppError::exit_code);
-            eprintln!("booking-expiration: {error:#}");
-            ExitCode::from(code)
+        Err(error) => fail(&error),
+    }
+}
+
+fn fail(error: &anyhow::Error) -> ExitCode {
+    let code = error
+        .downcast_ref::<AppError>()
+        .map_or(1, AppError::exit_code);
+    eprintln!("booking-expiration: {error:#}");
+    ExitCode::from(code)
+}
+
+/// Validates the command's settings, then runs it until it ends or a
+/// signal stops it.
+fn execute(command: Command) -> anyhow::Result<()> {
+    let invalid = AppError::Config;
+    match command {
+        Command::Migrate { database } => {
+            let database = database.settings().map_err(invalid)?;
+            block_on(async |_| {
+                app::migrate(&database).await?;
+                Ok(())
+            })
+        }
+        Command::Once {
+            database,
+            expiry,
+            shutdown,
+            events,
+        } => {
+            let database = database.settings().map_err(invalid)?;
+            block_on(async |stop| {
+                let report = app::once(&database, expiry, events, shutdown, stop).await?;
+                println!("{}", serde_json::to_string(&report)?);
+                Ok(())
+            })
+        }
+        Command::Status { database, json } => {
+            let database = database.settings().map_err(invalid)?;
+            block_on(async |_| {
+                let report = app::status(&database).await?;
+                if json {
+                    println!("{}", serde_json::to_string(&report)?);
+                } else {
+                    print!("{report}");
+                }
+                Ok(())
+            })
+        }
+        Command::Seed { database, seed } => {
+            let database = database.settings().map_err(invalid)?;
+            block_on(async |_| {
+                let inserted = app::seed(&database, &seed).await?;
+                println!("{{\"inserted\":{inserted}}}");
+                Ok(())
+            })
+        }
+        Command::Run(args) => {
+            let settings = Settings::from_args(args).map_err(invalid)?;
+            block_on(async |stop| Ok(app::run(settings, stop).await?))
         }
     }
 }
 
-fn execute(cli: Cli) -> anyhow::Result<()> {
+/// Runs `task` on a multi-thread runtime with a token that SIGTERM and
+/// SIGINT cancel.
+fn block_on(task: impl AsyncFnOnce(CancellationToken) -> anyhow::Result<()>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -42,52 +103,6 @@ fn execute(cli: Cli) -> anyhow::Result<()> {
     runtime.block_on(async {
         let shutdown = CancellationToken::new();
         app::cancel_on_signal(shutdown.clone());
-        match cli.command {
-            Command::Migrate { database } => {
-                app::migrate(&database).await?;
-            }
-            Command::Once { database, expiry } => {
-                let report = app::once(&database, &expiry, shutdown).await?;
-                println!("{}", serde_json::to_string(&report)?);
-            }
-            Command::Status { database, json } => {
-                let report = app::status(&database).await?;
-                if json {
-                    println!("{}", serde_json::to_string(&report)?);
-                } else {
-                    print!("{report}");
-                }
-            }
-            Command::Seed { database, seed } => {
-                let inserted = app::seed(&database, &seed).await?;
-                println!("{{\"inserted\":{inserted}}}");
-            }
-            Command::Run {
-                database,
-                expiry,
-                kafka,
-                publisher,
-                metrics_addr,
-                liveness_window,
-                no_worker,
-                no_publisher,
-            } => {
-                app::run(
-                    app::RunArgs {
-                        database: &database,
-                        expiry: &expiry,
-                        kafka: &kafka,
-                        publisher: &publisher,
-                        metrics_addr: &metrics_addr,
-                        liveness_window: &liveness_window,
-                        no_worker,
-                        no_publisher,
-                    },
-                    shutdown,
-                )
-                .await?;
-            }
-        }
-        Ok(())
+        task(shutdown).await
     })
 }

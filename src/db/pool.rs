@@ -18,8 +18,9 @@ pub type PooledConnection<'a> =
     bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
 /// Session settings applied to every new connection.
-fn session_setup_sql(statement_timeout: Duration) -> String {
-    let statement_ms = statement_timeout.as_millis().max(1);
+fn session_setup_sql(settings: &DatabaseSettings) -> String {
+    let millis = |limit: Duration| limit.as_millis().max(1);
+    let statement_ms = millis(settings.statement_timeout);
     // Locks are taken with SKIP LOCKED and never waited for; the lock
     // timeout only bounds DDL-style surprises. An idle transaction (a
     // process frozen mid-batch) is ended by the server so its row locks
@@ -30,7 +31,7 @@ fn session_setup_sql(statement_timeout: Duration) -> String {
          SET lock_timeout = {statement_ms}; \
          SET idle_in_transaction_session_timeout = {idle_ms}; \
          SET TIME ZONE 'UTC';",
-        idle_ms = statement_ms * 2,
+        idle_ms = millis(settings.idle_in_transaction_timeout()),
     )
 }
 
@@ -45,7 +46,7 @@ async fn establish_with(url: &str, setup_sql: &str) -> Result<AsyncPgConnection,
 /// One connection outside the pool (migrations, LISTEN), with the same
 /// session settings and a connect timeout.
 pub async fn establish(settings: &DatabaseSettings) -> Result<AsyncPgConnection, DbError> {
-    let setup = session_setup_sql(settings.statement_timeout);
+    let setup = session_setup_sql(settings);
     tokio::time::timeout(
         settings.connect_timeout,
         establish_with(settings.url.expose(), &setup),
@@ -70,7 +71,7 @@ pub async fn connect_pool(settings: &DatabaseSettings) -> Result<PgPool, DbError
 
 /// Builds the pool without connecting; connections open on first use.
 pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
-    let setup = session_setup_sql(settings.statement_timeout);
+    let setup = session_setup_sql(settings);
     let mut config = ManagerConfig::<AsyncPgConnection>::default();
     config.custom_setup = Box::new(move |url| {
         let url = url.to_owned();

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::{
     clock::Clock,
-    config::ExpirySettings,
+    config::{EventSettings, ExpirySettings, ShutdownSettings},
     db::{
         DbError, PgPool,
         bookings::{self, ExpiryWrite},
@@ -91,6 +91,10 @@ pub struct ExpiryWorker {
     pool: PgPool,
     clock: Arc<dyn Clock>,
     settings: ExpirySettings,
+    /// The topic and `ce_source` of the events it writes to the outbox.
+    events: EventSettings,
+    /// How long a batch in flight may still take after a stop request.
+    shutdown_grace: Duration,
     metrics: Arc<Metrics>,
     subscribers: Vec<Arc<dyn DomainEventSubscriber>>,
 }
@@ -100,12 +104,16 @@ impl ExpiryWorker {
         pool: PgPool,
         clock: Arc<dyn Clock>,
         settings: ExpirySettings,
+        events: EventSettings,
+        shutdown: ShutdownSettings,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             pool,
             clock,
             settings,
+            events,
+            shutdown_grace: shutdown.grace,
             metrics,
             subscribers: Vec::new(),
         }
@@ -277,7 +285,7 @@ impl ExpiryWorker {
         exclude: &[Uuid],
         shutdown: &CancellationToken,
     ) -> Result<BatchResult, CycleError> {
-        let grace = self.settings.shutdown_grace;
+        let grace = self.shutdown_grace;
         let deadline = async {
             shutdown.cancelled().await;
             tokio::time::sleep(grace).await;
@@ -322,7 +330,11 @@ impl ExpiryWorker {
                 match booking.expire(as_of) {
                     Ok(expiry) => writes.push(ExpiryWrite {
                         read_version: row.version,
-                        message: events::outbox_message(&expiry.event, run_id, &settings.ce_source),
+                        message: events::outbox_message(
+                            &expiry.event,
+                            run_id,
+                            &self.events.ce_source,
+                        ),
                         expiry,
                     }),
                     Err(error) => result.refused.push((row.id, error)),
@@ -333,7 +345,7 @@ impl ExpiryWorker {
                 as_of,
                 self.clock.now(),
                 run_id,
-                &settings.topic,
+                &self.events.topic,
                 &writes,
             )
             .await?;

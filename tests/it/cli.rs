@@ -198,6 +198,16 @@ fn bad_configuration_exits_2_with_one_line_naming_the_setting() {
             ],
             "METRICS_ADDR",
         ),
+        (
+            &["run"],
+            &[
+                ("DATABASE_URL", "postgres://u:hunter2@h/db"),
+                ("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                ("KAFKA_SASL_MECHANISM", "PLAIN"),
+                ("KAFKA_SASL_PASSWORD", "hunter2"),
+            ],
+            "KAFKA_SASL_USERNAME",
+        ),
         (&["migrate"], &[("DATABASE_URL", "")], "DATABASE_URL"),
     ];
     for (args, env, setting) in cases {
@@ -215,6 +225,34 @@ fn bad_configuration_exits_2_with_one_line_naming_the_setting() {
         assert!(!stderr.contains("panicked"), "{stderr}");
         assert!(output.stdout.is_empty());
     }
+}
+
+/// A publish transaction sits idle while Kafka takes its batch, for up to
+/// one KAFKA_REQUEST_TIMEOUT; the server ends it after twice
+/// DATABASE_STATEMENT_TIMEOUT. Settings that leave the produce no room
+/// are refused at start, before anything connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_timeout_that_cannot_fit_the_idle_transaction_limit_is_refused() {
+    let mut command = binary();
+    command
+        .arg("run")
+        .env(
+            "DATABASE_URL",
+            format!("postgres://u:hunter2@127.0.0.1:{}/db", free_port()),
+        )
+        .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+        .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("DATABASE_STATEMENT_TIMEOUT", "4s")
+        .env("KAFKA_REQUEST_TIMEOUT", "10s");
+    let mut running = Running::spawn(command);
+    let status = running.wait(Duration::from_secs(10)).await;
+    let stderr = running.stderr();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    for setting in ["KAFKA_REQUEST_TIMEOUT", "DATABASE_STATEMENT_TIMEOUT"] {
+        assert!(stderr.contains(setting), "names {setting}: {stderr}");
+    }
+    assert!(!stderr.contains("hunter2"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

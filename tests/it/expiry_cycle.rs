@@ -8,6 +8,7 @@ use std::{
 
 use crate::support::*;
 use booking_expiration::{
+    config::{EventSettings, ShutdownSettings},
     db::bookings,
     domain::{BookingExpired, DomainEventSubscriber, Phase, RunId},
     expiry::{CycleError, scheduler},
@@ -389,6 +390,8 @@ async fn parallel_instances_expire_each_booking_exactly_once() {
             pool,
             Arc::new(clock.clone()),
             expiry_settings(200),
+            EventSettings::default(),
+            ShutdownSettings::default(),
             Arc::new(booking_expiration::telemetry::Metrics::new()),
         );
         handles.push(tokio::spawn(async move {
@@ -701,6 +704,8 @@ async fn slo_booking_due_at_t_expires_by_t_plus_interval_plus_cycle() {
         db.pool.clone(),
         Arc::clone(&clock),
         settings,
+        EventSettings::default(),
+        ShutdownSettings::default(),
         Arc::clone(&metrics),
     ));
     let health = Arc::new(booking_expiration::telemetry::Health::new(now, true, false));

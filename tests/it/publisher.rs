@@ -62,10 +62,8 @@ fn publisher_with(
 async fn expire_into_outbox(db: &TestDb, n: u64, topic: &str) {
     db.seed_due(n, t0()).await;
     let clock = clock();
-    let mut settings = expiry_settings(200);
-    settings.topic = topic.to_owned();
     let outcome = db
-        .worker_with(&clock, settings)
+        .worker_for(&clock, expiry_settings(200), events_on(topic))
         .run_cycle(&CancellationToken::new())
         .await
         .unwrap();
@@ -447,9 +445,7 @@ async fn commit_notification_wakes_the_publisher_within_a_second() {
         let db_ref = &db;
         db_ref.seed_due(20, t0()).await;
         let clock = ManualClock::new(t0());
-        let mut expiry = expiry_settings(200);
-        expiry.topic = topic.clone();
-        db.worker_with(&clock, expiry)
+        db.worker_for(&clock, expiry_settings(200), events_on(&topic))
             .run_cycle(&CancellationToken::new())
             .await
             .unwrap();

@@ -11,14 +11,16 @@ use std::{
 
 use crate::support::{NewBooking, TestDb, clock, expiry_settings, t0, wait_until};
 use booking_expiration::{
-    config::ExpirySettings,
+    clock::Clock,
+    config::{EventSettings, ShutdownSettings},
     db::{
         self,
         bookings::{self, BookingRow},
         migrate::{MIGRATION_LOCK_KEY, MIGRATIONS},
     },
     domain::{BookingExpired, DomainEventSubscriber, Phase},
-    expiry::CycleError,
+    expiry::{CycleError, ExpiryWorker},
+    telemetry::Metrics,
 };
 use diesel::{
     QueryableByName,
@@ -231,12 +233,13 @@ async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
     db.seed_due(10, t0()).await;
     let grace = Duration::from_millis(500);
     let clock = clock();
-    let worker = Arc::new(db.worker_with(
-        &clock,
-        ExpirySettings {
-            shutdown_grace: grace,
-            ..expiry_settings(100)
-        },
+    let worker = Arc::new(ExpiryWorker::new(
+        db.pool.clone(),
+        Arc::new(clock.clone()) as Arc<dyn Clock>,
+        expiry_settings(100),
+        EventSettings::default(),
+        ShutdownSettings { grace },
+        Arc::new(Metrics::new()),
     ));
 
     // Blocks the batch's write. The pool's sessions wait for a lock up to

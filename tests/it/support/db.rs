@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use booking_expiration::{
     clock::{Clock, ManualClock},
-    config::{DatabaseSettings, ExpirySettings},
+    config::{DatabaseSettings, EventSettings, ExpirySettings, ShutdownSettings},
     db::{self, PgPool},
     expiry::ExpiryWorker,
     telemetry::Metrics,
@@ -76,10 +76,21 @@ impl TestDb {
     }
 
     pub fn worker_with(&self, clock: &ManualClock, settings: ExpirySettings) -> ExpiryWorker {
+        self.worker_for(clock, settings, EventSettings::default())
+    }
+
+    pub fn worker_for(
+        &self,
+        clock: &ManualClock,
+        settings: ExpirySettings,
+        events: EventSettings,
+    ) -> ExpiryWorker {
         ExpiryWorker::new(
             self.pool.clone(),
             Arc::new(clock.clone()) as Arc<dyn Clock>,
             settings,
+            events,
+            ShutdownSettings::default(),
             Arc::new(Metrics::new()),
         )
     }

@@ -18,7 +18,9 @@ use std::{
 
 use booking_expiration::{
     clock::ManualClock,
-    config::{Compression, DatabaseSettings, DatabaseUrl, ExpirySettings, KafkaSettings},
+    config::{
+        Compression, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings, KafkaSettings,
+    },
 };
 use chrono::{DateTime, TimeZone, Utc};
 
@@ -105,9 +107,14 @@ pub fn expiry_settings(batch_size: u32) -> ExpirySettings {
         cycle_budget: Duration::from_secs(30),
         // Tests set the clock far from the database's on purpose.
         max_clock_skew: None,
-        shutdown_grace: Duration::from_secs(10),
-        ce_source: "/pin/crm/booking-expiration".into(),
-        topic: "pin.crm.booking-expired.v1".into(),
+    }
+}
+
+/// The default `ce_source` and the topic `topic`.
+pub fn events_on(topic: &str) -> EventSettings {
+    EventSettings {
+        topic: topic.to_owned(),
+        ..EventSettings::default()
     }
 }
 

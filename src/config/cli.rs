@@ -1,0 +1,414 @@
+//! The command line: the commands, each with the groups of settings it
+//! uses, and the two groups that need a step after parsing (a required
+//! URL, SASL credentials that go together).
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use super::{
+    Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
+    HttpSettings, PublisherSettings, SaslMechanism, SeedSettings, ShutdownSettings,
+    defaults::{self, text},
+    parse::{self, BootstrapServers, setting},
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "booking-expiration",
+    version,
+    about = "Expires overdue bookings and publishes BookingExpiredEvent to Kafka"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once at start; boxing the big variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply the embedded migrations (idempotent) and exit.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+    /// Run the expiry worker, the outbox publisher and the HTTP endpoints until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Run exactly one expiry cycle (no publishing) and print its result as a JSON line.
+    Once {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        expiry: ExpirySettings,
+        #[command(flatten)]
+        shutdown: ShutdownSettings,
+        #[command(flatten)]
+        events: EventSettings,
+    },
+    /// Show backlog, outbox lag and poison rows without changing anything.
+    Status {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Insert synthetic bookings (demo, benchmarks, load tests).
+    Seed {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        seed: SeedSettings,
+    },
+}
+
+/// The flags of `run`, each parsed; [`super::Settings::from_args`]
+/// validates them as a whole.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub expiry: ExpirySettings,
+    #[command(flatten)]
+    pub shutdown: ShutdownSettings,
+    #[command(flatten)]
+    pub events: EventSettings,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    #[command(flatten)]
+    pub publisher: PublisherSettings,
+    #[command(flatten)]
+    pub http: HttpSettings,
+    /// Run the publisher only (no expiry cycles).
+    #[arg(
+        id = "NO_WORKER",
+        long = "no-worker",
+        env = "NO_WORKER",
+        default_value_t = false
+    )]
+    pub no_worker: bool,
+    /// Run the expiry worker only (outbox rows wait for another instance).
+    #[arg(
+        id = "NO_PUBLISHER",
+        long = "no-publisher",
+        env = "NO_PUBLISHER",
+        default_value_t = false
+    )]
+    pub no_publisher: bool,
+}
+
+/// The database flags; the URL is required by every command, which
+/// [`Self::settings`] checks so the error is one line like the others.
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL (postgres://user:password@host:port/database).
+    #[arg(id = "DATABASE_URL", long = "database-url", env = "DATABASE_URL", hide_env_values = true,
+          value_parser = setting(parse::database_url))]
+    pub database_url: Option<DatabaseUrl>,
+    /// Maximum connections in the pool.
+    #[arg(id = "DATABASE_POOL_SIZE", long = "database-pool-size", env = "DATABASE_POOL_SIZE",
+          default_value = text!(defaults::DATABASE_POOL_SIZE),
+          value_parser = setting(parse::count::<u32, { parse::MAX_POOL_SIZE }>))]
+    pub database_pool_size: u32,
+    /// Time to wait for a connection.
+    #[arg(id = "DATABASE_CONNECT_TIMEOUT", long = "database-connect-timeout", env = "DATABASE_CONNECT_TIMEOUT",
+          default_value = text!(defaults::DATABASE_CONNECT_TIMEOUT), value_parser = setting(parse::positive_duration))]
+    pub database_connect_timeout: Duration,
+    /// Server-side limit of one statement.
+    #[arg(id = "DATABASE_STATEMENT_TIMEOUT", long = "database-statement-timeout", env = "DATABASE_STATEMENT_TIMEOUT",
+          default_value = text!(defaults::DATABASE_STATEMENT_TIMEOUT), value_parser = setting(parse::positive_duration))]
+    pub database_statement_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    pub fn settings(self) -> Result<DatabaseSettings, ConfigError> {
+        Ok(DatabaseSettings {
+            url: self.database_url.ok_or_else(|| {
+                ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)")
+            })?,
+            pool_size: self.database_pool_size,
+            connect_timeout: self.database_connect_timeout,
+            statement_timeout: self.database_statement_timeout,
+        })
+    }
+}
+
+/// The Kafka flags; [`super::Settings::from_args`] makes them a
+/// [`super::KafkaSettings`] when the publisher runs.
+#[derive(Debug, Clone, Args)]
+pub struct KafkaArgs {
+    /// Comma-separated host:port list.
+    #[arg(id = "KAFKA_BOOTSTRAP_SERVERS", long = "kafka-bootstrap-servers", env = "KAFKA_BOOTSTRAP_SERVERS",
+          value_parser = setting(parse::bootstrap_servers))]
+    pub kafka_bootstrap_servers: Option<BootstrapServers>,
+    /// Client id sent to the broker.
+    #[arg(id = "KAFKA_CLIENT_ID", long = "kafka-client-id", env = "KAFKA_CLIENT_ID",
+          default_value = defaults::KAFKA_CLIENT_ID)]
+    pub kafka_client_id: String,
+    /// Limit of one metadata or produce exchange, retries included.
+    #[arg(id = "KAFKA_REQUEST_TIMEOUT", long = "kafka-request-timeout", env = "KAFKA_REQUEST_TIMEOUT",
+          default_value = text!(defaults::KAFKA_REQUEST_TIMEOUT), value_parser = setting(parse::positive_duration))]
+    pub kafka_request_timeout: Duration,
+    /// Create the topic when it does not exist (otherwise a missing topic is an error).
+    #[arg(
+        id = "KAFKA_CREATE_TOPIC",
+        long = "kafka-create-topic",
+        env = "KAFKA_CREATE_TOPIC",
+        default_value_t = false
+    )]
+    pub kafka_create_topic: bool,
+    /// Partitions of a topic created by KAFKA_CREATE_TOPIC.
+    #[arg(id = "KAFKA_TOPIC_PARTITIONS", long = "kafka-topic-partitions", env = "KAFKA_TOPIC_PARTITIONS",
+          default_value = text!(defaults::KAFKA_TOPIC_PARTITIONS),
+          value_parser = setting(parse::count::<i32, { parse::MAX_TOPIC_PARTITIONS }>))]
+    pub kafka_topic_partitions: i32,
+    /// Replication factor of a topic created by KAFKA_CREATE_TOPIC.
+    #[arg(id = "KAFKA_REPLICATION_FACTOR", long = "kafka-replication-factor", env = "KAFKA_REPLICATION_FACTOR",
+          default_value = text!(defaults::KAFKA_REPLICATION_FACTOR),
+          value_parser = setting(parse::count::<i16, { parse::MAX_REPLICATION_FACTOR }>))]
+    pub kafka_replication_factor: i16,
+    /// none, gzip or snappy (lz4/zstd with their opt-in features).
+    #[arg(id = "KAFKA_COMPRESSION", long = "kafka-compression", env = "KAFKA_COMPRESSION",
+          default_value = text!(defaults::KAFKA_COMPRESSION), value_parser = setting(parse::compression))]
+    pub kafka_compression: Compression,
+    /// PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; unset = no SASL.
+    // An empty value also means no SASL, hence one value that may say
+    // "none" (`std::option::Option`) with an empty, hidden default.
+    #[arg(id = "KAFKA_SASL_MECHANISM", long = "kafka-sasl-mechanism", env = "KAFKA_SASL_MECHANISM",
+          default_value = "", hide_default_value = true, value_parser = setting(parse::sasl_mechanism))]
+    pub kafka_sasl_mechanism: std::option::Option<SaslMechanism>,
+    #[arg(
+        id = "KAFKA_SASL_USERNAME",
+        long = "kafka-sasl-username",
+        env = "KAFKA_SASL_USERNAME"
+    )]
+    pub kafka_sasl_username: Option<String>,
+    #[arg(
+        id = "KAFKA_SASL_PASSWORD",
+        long = "kafka-sasl-password",
+        env = "KAFKA_SASL_PASSWORD",
+        hide_env_values = true
+    )]
+    pub kafka_sasl_password: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, FromArgMatches};
+
+    use super::{super::Settings, *};
+
+    /// Parses `args` as the binary would, with the environment ignored so
+    /// the outcome depends on the arguments alone.
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        let command =
+            Cli::command().mut_subcommands(|sub| sub.mut_args(|arg| arg.env(None::<&'static str>)));
+        let matches = command.try_get_matches_from(
+            std::iter::once("booking-expiration").chain(args.iter().copied()),
+        )?;
+        Ok(Cli::from_arg_matches(&matches)?.command)
+    }
+
+    fn run(args: &[&str]) -> Result<Settings, ConfigError> {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        match parse(&all) {
+            Ok(Command::Run(args)) => Settings::from_args(args),
+            Ok(other) => panic!("not run: {other:?}"),
+            Err(error) => Err(ConfigError::from_clap(&error)
+                .unwrap_or_else(|| panic!("not a setting error: {error}"))),
+        }
+    }
+
+    const REQUIRED: [&str; 4] = [
+        "--database-url",
+        "postgres://u:hunter2@h/db",
+        "--kafka-bootstrap-servers",
+        "h:9092",
+    ];
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn run_without_settings_gets_the_defaults() {
+        let settings = run(&REQUIRED).unwrap();
+        assert_eq!(settings.expiry, ExpirySettings::default());
+        assert_eq!(settings.events, EventSettings::default());
+        assert_eq!(settings.publisher, PublisherSettings::default());
+        assert_eq!(settings.http, HttpSettings::default());
+        assert_eq!(settings.shutdown, ShutdownSettings::default());
+        assert_eq!(settings.database.pool_size, defaults::DATABASE_POOL_SIZE);
+        assert_eq!(
+            settings.database.connect_timeout,
+            defaults::DATABASE_CONNECT_TIMEOUT
+        );
+        assert_eq!(
+            settings.database.statement_timeout,
+            defaults::DATABASE_STATEMENT_TIMEOUT
+        );
+        let kafka = settings.kafka.expect("the publisher runs by default");
+        assert_eq!(kafka.bootstrap_servers, ["h:9092"]);
+        assert_eq!(kafka.client_id, defaults::KAFKA_CLIENT_ID);
+        assert_eq!(kafka.request_timeout, defaults::KAFKA_REQUEST_TIMEOUT);
+        assert_eq!(kafka.topic_partitions, defaults::KAFKA_TOPIC_PARTITIONS);
+        assert_eq!(kafka.replication_factor, defaults::KAFKA_REPLICATION_FACTOR);
+        assert_eq!(kafka.compression, defaults::KAFKA_COMPRESSION);
+        assert_eq!(kafka.sasl, None);
+        assert!(settings.roles.worker && settings.roles.publisher);
+
+        let Command::Seed { seed, .. } = parse(&["seed"]).unwrap() else {
+            panic!("seed");
+        };
+        assert_eq!(seed.active, defaults::SEED_ACTIVE);
+        assert_eq!(seed.due_fraction, defaults::SEED_DUE_FRACTION);
+        assert_eq!((seed.inactive, seed.poison), (0, 0));
+        assert_eq!(seed.spread, defaults::SEED_SPREAD);
+    }
+
+    #[test]
+    fn flags_and_variables_keep_their_names() {
+        let cli = Cli::command();
+        let run = cli.find_subcommand("run").expect("run");
+        let names: Vec<(String, String)> = run
+            .get_arguments()
+            .filter_map(|arg| {
+                let env = arg.get_env()?.to_str()?;
+                assert_eq!(arg.get_id(), env, "a setting's id is its variable");
+                Some((arg.get_long()?.to_owned(), env.to_owned()))
+            })
+            .collect();
+        let expected = [
+            "DATABASE_URL",
+            "DATABASE_POOL_SIZE",
+            "DATABASE_CONNECT_TIMEOUT",
+            "DATABASE_STATEMENT_TIMEOUT",
+            "EXPIRATION_INTERVAL",
+            "EXPIRATION_BATCH_SIZE",
+            "EXPIRATION_MAX_BATCHES_PER_CYCLE",
+            "EXPIRATION_CYCLE_BUDGET",
+            "EXPIRATION_MAX_CLOCK_SKEW",
+            "SHUTDOWN_GRACE",
+            "CE_SOURCE",
+            "KAFKA_TOPIC",
+            "KAFKA_BOOTSTRAP_SERVERS",
+            "KAFKA_CLIENT_ID",
+            "KAFKA_REQUEST_TIMEOUT",
+            "KAFKA_CREATE_TOPIC",
+            "KAFKA_TOPIC_PARTITIONS",
+            "KAFKA_REPLICATION_FACTOR",
+            "KAFKA_COMPRESSION",
+            "KAFKA_SASL_MECHANISM",
+            "KAFKA_SASL_USERNAME",
+            "KAFKA_SASL_PASSWORD",
+            "OUTBOX_BATCH_SIZE",
+            "OUTBOX_POLL_INTERVAL",
+            "OUTBOX_RETENTION",
+            "OUTBOX_CONCURRENCY",
+            "METRICS_ADDR",
+            "LIVENESS_WINDOW",
+            "NO_WORKER",
+            "NO_PUBLISHER",
+        ]
+        .map(|env| (env.to_lowercase().replace('_', "-"), env.to_owned()));
+        assert_eq!(names, expected);
+    }
+
+    #[test]
+    fn a_bad_value_is_a_setting_error_without_the_value() {
+        let error = run(&[&REQUIRED[..], &["--expiration-batch-size", "0"]].concat()).unwrap_err();
+        assert_eq!(
+            error,
+            ConfigError::new("EXPIRATION_BATCH_SIZE", "must be at least 1, got 0")
+        );
+        let error = run(&["--database-url", "mysql://u:hunter2@h/db"]).unwrap_err();
+        assert_eq!(error.setting, "DATABASE_URL");
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        let Err(error) = parse(&["seed", "--due-fraction", "2"]) else {
+            panic!("--due-fraction 2 accepted");
+        };
+        let error = ConfigError::from_clap(&error).expect("a setting error");
+        assert_eq!(
+            error.to_string(),
+            "--due-fraction: \"2\" is not between 0 and 1"
+        );
+        let Err(error) = parse(&["run", "--no-such-flag"]) else {
+            panic!("unknown flag accepted");
+        };
+        assert_eq!(
+            ConfigError::from_clap(&error),
+            None,
+            "clap's own usage error"
+        );
+    }
+
+    #[test]
+    fn rules_that_span_settings() {
+        let with = |extra: &[&str]| run(&[&REQUIRED[..], extra].concat());
+        assert_eq!(
+            with(&["--no-worker", "--no-publisher"])
+                .unwrap_err()
+                .setting,
+            "NO_WORKER"
+        );
+        assert_eq!(
+            run(&["--database-url", "postgres://h/db"])
+                .unwrap_err()
+                .setting,
+            "KAFKA_BOOTSTRAP_SERVERS"
+        );
+        let worker_only = run(&["--database-url", "postgres://h/db", "--no-publisher"]).unwrap();
+        assert_eq!(worker_only.kafka, None);
+        assert!(!worker_only.roles.publisher);
+        assert_eq!(
+            with(&["--kafka-sasl-mechanism", "PLAIN"])
+                .unwrap_err()
+                .setting,
+            "KAFKA_SASL_USERNAME"
+        );
+        assert_eq!(
+            with(&[
+                "--kafka-sasl-mechanism",
+                "PLAIN",
+                "--kafka-sasl-username",
+                "u"
+            ])
+            .unwrap_err()
+            .setting,
+            "KAFKA_SASL_PASSWORD"
+        );
+        let sasl = with(&[
+            "--kafka-sasl-mechanism",
+            "plain",
+            "--kafka-sasl-username",
+            "u",
+            "--kafka-sasl-password",
+            "p",
+        ])
+        .unwrap();
+        let sasl = sasl.kafka.and_then(|k| k.sasl).expect("SASL");
+        assert_eq!(sasl.mechanism, SaslMechanism::Plain);
+        assert!(
+            with(&["--kafka-sasl-mechanism", ""])
+                .unwrap()
+                .kafka
+                .unwrap()
+                .sasl
+                .is_none()
+        );
+        let error = with(&["--kafka-request-timeout", "31s"]).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_REQUEST_TIMEOUT");
+        assert!(
+            error.problem.contains("DATABASE_STATEMENT_TIMEOUT"),
+            "{error}"
+        );
+        assert!(
+            with(&["--kafka-request-timeout", "31s", "--no-publisher"]).is_ok(),
+            "no Kafka, no rule"
+        );
+    }
+}

@@ -1,0 +1,221 @@
+//! Named, typed defaults of the settings (spec §9 and the operator
+//! documentation). Each is shown in `--help` and goes through its
+//! setting's own value parser like any other value; the tests below check
+//! that each one passes.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    time::Duration,
+};
+
+use super::Compression;
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 60 * MINUTE;
+
+pub const DATABASE_POOL_SIZE: u32 = 8;
+pub const DATABASE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DATABASE_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub const EXPIRATION_INTERVAL: Duration = Duration::from_secs(60);
+pub const EXPIRATION_BATCH_SIZE: u32 = 200;
+pub const EXPIRATION_MAX_BATCHES_PER_CYCLE: u32 = 1000;
+pub const EXPIRATION_CYCLE_BUDGET: Duration = Duration::from_secs(30);
+/// `None` would be `off`.
+pub const EXPIRATION_MAX_CLOCK_SKEW: Option<Duration> = Some(Duration::from_secs(2));
+
+pub const KAFKA_TOPIC: &str = "pin.crm.booking-expired.v1";
+pub const CE_SOURCE: &str = crate::events::DEFAULT_SOURCE;
+
+pub const OUTBOX_BATCH_SIZE: u32 = 500;
+pub const OUTBOX_POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub const OUTBOX_CONCURRENCY: u32 = 2;
+pub const OUTBOX_RETENTION: Duration = Duration::from_secs(24 * HOUR);
+
+pub const KAFKA_CLIENT_ID: &str = "booking-expiration";
+pub const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const KAFKA_TOPIC_PARTITIONS: i32 = 3;
+pub const KAFKA_REPLICATION_FACTOR: i16 = 1;
+pub const KAFKA_COMPRESSION: Compression = Compression::None;
+
+pub const METRICS_ADDR: SocketAddr =
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 9464));
+pub const LIVENESS_WINDOW: Duration = Duration::from_secs(5 * MINUTE);
+
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// `seed --active`.
+pub const SEED_ACTIVE: u64 = 10_000;
+/// `seed --due-fraction`.
+pub const SEED_DUE_FRACTION: f64 = 0.2;
+/// `seed --inactive` and `seed --poison`.
+pub const SEED_NONE: u64 = 0;
+/// `seed --spread`.
+pub const SEED_SPREAD: Duration = Duration::from_secs(10 * MINUTE);
+
+/// A default written the way an operator writes the value, for `--help`
+/// and for clap, which parses it back with the setting's value parser.
+pub trait AsText {
+    fn as_text(&self) -> String;
+}
+
+impl AsText for Duration {
+    /// `500ms`, `30s`, `60s`, `5m`, `24h`: the forms the operator
+    /// documentation uses (one minute stays `60s`, as documented).
+    fn as_text(&self) -> String {
+        let secs = self.as_secs();
+        if self.subsec_nanos() != 0 {
+            if self.subsec_nanos().is_multiple_of(1_000_000) {
+                format!("{}ms", self.as_millis())
+            } else {
+                humantime::format_duration(*self).to_string()
+            }
+        } else if secs > 0 && secs.is_multiple_of(HOUR) {
+            format!("{}h", secs / HOUR)
+        } else if secs > MINUTE && secs.is_multiple_of(MINUTE) {
+            format!("{}m", secs / MINUTE)
+        } else {
+            format!("{secs}s")
+        }
+    }
+}
+
+/// A skew limit: `off` when there is none.
+impl AsText for Option<Duration> {
+    fn as_text(&self) -> String {
+        self.as_ref()
+            .map_or_else(|| "off".to_owned(), AsText::as_text)
+    }
+}
+
+macro_rules! as_text_by_display {
+    ($($ty:ty),*) => {
+        $(impl AsText for $ty {
+            fn as_text(&self) -> String {
+                self.to_string()
+            }
+        })*
+    };
+}
+as_text_by_display!(u32, u64, i32, i16, f64, SocketAddr, Compression);
+
+/// The `&'static str` clap takes as a default, made once from a typed
+/// default: `default_value = text!(defaults::EXPIRATION_INTERVAL)`.
+macro_rules! text {
+    ($value:expr) => {{
+        static TEXT: ::std::sync::OnceLock<String> = ::std::sync::OnceLock::new();
+        TEXT.get_or_init(|| $crate::config::defaults::AsText::as_text(&$value))
+            .as_str()
+    }};
+}
+pub(crate) use text;
+
+#[cfg(test)]
+mod tests {
+    use super::{super::parse, *};
+
+    /// Parses a default's text with the value parser of its setting.
+    fn reparsed<T>(value: &impl AsText, parser: fn(&str) -> Result<T, String>) -> T {
+        let text = value.as_text();
+        parser(&text).unwrap_or_else(|problem| panic!("default {text:?}: {problem}"))
+    }
+
+    #[test]
+    fn every_default_passes_its_own_value_parser() {
+        type Count = fn(&str) -> Result<u32, String>;
+        let database_pool: Count = parse::count::<u32, { parse::MAX_POOL_SIZE }>;
+        assert_eq!(
+            reparsed(&DATABASE_POOL_SIZE, database_pool),
+            DATABASE_POOL_SIZE
+        );
+        for timeout in [
+            DATABASE_CONNECT_TIMEOUT,
+            DATABASE_STATEMENT_TIMEOUT,
+            EXPIRATION_INTERVAL,
+            EXPIRATION_CYCLE_BUDGET,
+            OUTBOX_POLL_INTERVAL,
+            KAFKA_REQUEST_TIMEOUT,
+        ] {
+            assert_eq!(reparsed(&timeout, parse::positive_duration), timeout);
+        }
+        for span in [
+            OUTBOX_RETENTION,
+            LIVENESS_WINDOW,
+            SHUTDOWN_GRACE,
+            SEED_SPREAD,
+        ] {
+            assert_eq!(reparsed(&span, parse::duration), span);
+        }
+        let batch: Count = parse::count::<u32, { parse::MAX_EXPIRATION_BATCH_SIZE }>;
+        assert_eq!(
+            reparsed(&EXPIRATION_BATCH_SIZE, batch),
+            EXPIRATION_BATCH_SIZE
+        );
+        let batches: Count = parse::count::<u32, { parse::MAX_BATCHES_PER_CYCLE }>;
+        assert_eq!(
+            reparsed(&EXPIRATION_MAX_BATCHES_PER_CYCLE, batches),
+            EXPIRATION_MAX_BATCHES_PER_CYCLE
+        );
+        assert_eq!(
+            reparsed(&EXPIRATION_MAX_CLOCK_SKEW, parse::clock_skew),
+            EXPIRATION_MAX_CLOCK_SKEW
+        );
+        assert_eq!(parse::topic(KAFKA_TOPIC).as_deref(), Ok(KAFKA_TOPIC));
+        assert!(!CE_SOURCE.is_empty());
+        let outbox_batch: Count = parse::count::<u32, { parse::MAX_OUTBOX_BATCH_SIZE }>;
+        assert_eq!(
+            reparsed(&OUTBOX_BATCH_SIZE, outbox_batch),
+            OUTBOX_BATCH_SIZE
+        );
+        let concurrency: Count = parse::count::<u32, { parse::MAX_OUTBOX_CONCURRENCY }>;
+        assert_eq!(
+            reparsed(&OUTBOX_CONCURRENCY, concurrency),
+            OUTBOX_CONCURRENCY
+        );
+        assert!(!KAFKA_CLIENT_ID.is_empty());
+        assert_eq!(
+            reparsed(
+                &KAFKA_TOPIC_PARTITIONS,
+                parse::count::<i32, { parse::MAX_TOPIC_PARTITIONS }>
+            ),
+            KAFKA_TOPIC_PARTITIONS
+        );
+        assert_eq!(
+            reparsed(
+                &KAFKA_REPLICATION_FACTOR,
+                parse::count::<i16, { parse::MAX_REPLICATION_FACTOR }>
+            ),
+            KAFKA_REPLICATION_FACTOR
+        );
+        assert_eq!(
+            reparsed(&KAFKA_COMPRESSION, parse::compression),
+            KAFKA_COMPRESSION
+        );
+        assert_eq!(reparsed(&METRICS_ADDR, parse::socket_addr), METRICS_ADDR);
+        assert_eq!(reparsed(&SEED_ACTIVE, parse::whole_number), SEED_ACTIVE);
+        assert_eq!(reparsed(&SEED_NONE, parse::whole_number), SEED_NONE);
+        assert_eq!(
+            reparsed(&SEED_DUE_FRACTION, parse::fraction),
+            SEED_DUE_FRACTION
+        );
+    }
+
+    #[test]
+    fn defaults_read_as_the_operator_documentation_writes_them() {
+        let texts = [
+            (EXPIRATION_INTERVAL.as_text(), "60s"),
+            (EXPIRATION_MAX_CLOCK_SKEW.as_text(), "2s"),
+            (None::<Duration>.as_text(), "off"),
+            (OUTBOX_RETENTION.as_text(), "24h"),
+            (LIVENESS_WINDOW.as_text(), "5m"),
+            (Duration::from_millis(500).as_text(), "500ms"),
+            (Duration::ZERO.as_text(), "0s"),
+            (METRICS_ADDR.as_text(), "127.0.0.1:9464"),
+            (KAFKA_COMPRESSION.as_text(), "none"),
+            (SEED_DUE_FRACTION.as_text(), "0.2"),
+        ];
+        for (text, documented) in texts {
+            assert_eq!(text, documented);
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! Value parsers: each turns the text of one setting into its type or says
+//! what is wrong with it (never echoing a secret). [`setting`] makes one a
+//! clap value parser whose error is a [`ConfigError`] naming the setting.
+
+use std::{ffi::OsStr, fmt, net::SocketAddr, time::Duration};
+
+use clap::{Arg, builder::TypedValueParser};
+
+use super::{Compression, ConfigError, DatabaseUrl, SaslMechanism};
+
+/// What is wrong with a value, without the setting's name.
+pub type Problem = String;
+
+/// Upper bounds of the counts (the lower bound is 1).
+pub const MAX_POOL_SIZE: u64 = 1000;
+pub const MAX_EXPIRATION_BATCH_SIZE: u64 = 100_000;
+pub const MAX_BATCHES_PER_CYCLE: u64 = 1_000_000;
+pub const MAX_OUTBOX_BATCH_SIZE: u64 = 10_000;
+pub const MAX_OUTBOX_CONCURRENCY: u64 = 16;
+pub const MAX_TOPIC_PARTITIONS: u64 = 10_000;
+pub const MAX_REPLICATION_FACTOR: u64 = 32;
+
+/// A clap value parser for one setting: `parse`, with its problem turned
+/// into a [`ConfigError`] naming the setting's environment variable (or
+/// its flag, for flags without one). `main` prints that error as the one
+/// line of an exit 2; see [`ConfigError::from_clap`].
+pub struct Setting<T>(fn(&str) -> Result<T, Problem>);
+
+/// See [`Setting`].
+pub fn setting<T>(parse: fn(&str) -> Result<T, Problem>) -> Setting<T> {
+    Setting(parse)
+}
+
+impl<T> Clone for Setting<T> {
+    fn clone(&self) -> Self {
+        Self(self.0)
+    }
+}
+
+impl<T> fmt::Debug for Setting<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Setting")
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> TypedValueParser for Setting<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&Arg>,
+        value: &OsStr,
+    ) -> Result<T, clap::Error> {
+        let (parse, name) = (self.0, setting_name(arg));
+        // clap keeps the closure's error as the source of its own error.
+        let named =
+            move |raw: &str| parse(raw).map_err(|problem| ConfigError::new(name.clone(), problem));
+        named.parse_ref(cmd, arg, value)
+    }
+}
+
+/// A setting's id is its variable name (see the module docs of
+/// [`crate::config`]); a flag without a variable is named by its flag.
+fn setting_name(arg: Option<&Arg>) -> String {
+    let Some(arg) = arg else {
+        return "a setting".to_owned();
+    };
+    let id = arg.get_id().as_str();
+    let is_variable = id
+        .chars()
+        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+    match arg.get_long() {
+        Some(long) if !is_variable => format!("--{long}"),
+        _ => id.to_owned(),
+    }
+}
+
+/// A humantime duration (`500ms`, `1s`, `60s`, `2m`); zero allowed.
+pub fn duration(raw: &str) -> Result<Duration, Problem> {
+    humantime::parse_duration(raw.trim())
+        .map_err(|e| format!("{raw:?} is not a duration like 500ms, 1s or 60s ({e})"))
+}
+
+/// A duration greater than zero.
+pub fn positive_duration(raw: &str) -> Result<Duration, Problem> {
+    let duration = duration(raw)?;
+    if duration.is_zero() {
+        return Err("must be greater than zero".to_owned());
+    }
+    Ok(duration)
+}
+
+/// A duration, or `off` for none.
+pub fn clock_skew(raw: &str) -> Result<Option<Duration>, Problem> {
+    match raw.trim() {
+        "off" => Ok(None),
+        raw => duration(raw).map(Some),
+    }
+}
+
+/// A whole number from 1 to `MAX`, as `T` (which holds every such number).
+pub fn count<T: TryFrom<u64>, const MAX: u64>(raw: &str) -> Result<T, Problem> {
+    let value: i128 = raw
+        .trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a whole number"))?;
+    if value < 1 {
+        return Err(format!("must be at least 1, got {value}"));
+    }
+    if value > i128::from(MAX) {
+        return Err(format!("must be at most {MAX}, got {value}"));
+    }
+    u64::try_from(value)
+        .ok()
+        .and_then(|value| T::try_from(value).ok())
+        .ok_or_else(|| format!("must be at most {MAX}, got {value}"))
+}
+
+/// A whole number, zero included.
+pub fn whole_number(raw: &str) -> Result<u64, Problem> {
+    raw.trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a whole number >= 0"))
+}
+
+/// A number from 0 to 1.
+pub fn fraction(raw: &str) -> Result<f64, Problem> {
+    raw.trim()
+        .parse()
+        .ok()
+        .filter(|f: &f64| (0.0..=1.0).contains(f))
+        .ok_or_else(|| format!("{raw:?} is not between 0 and 1"))
+}
+
+/// `host:port` to listen on.
+pub fn socket_addr(raw: &str) -> Result<SocketAddr, Problem> {
+    raw.trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not an address like 127.0.0.1:9464"))
+}
+
+/// A Kafka topic name: not empty, surrounding blanks dropped.
+pub fn topic(raw: &str) -> Result<String, Problem> {
+    match raw.trim() {
+        "" => Err("is empty".to_owned()),
+        topic => Ok(topic.to_owned()),
+    }
+}
+
+/// A PostgreSQL URL; see [`DatabaseUrl::parse`].
+pub fn database_url(raw: &str) -> Result<DatabaseUrl, Problem> {
+    DatabaseUrl::parse(raw).map_err(|error| error.problem)
+}
+
+/// The `host:port` servers of a comma-separated list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapServers(pub Vec<String>);
+
+/// A comma-separated `host:port` list with at least one server.
+pub fn bootstrap_servers(raw: &str) -> Result<BootstrapServers, Problem> {
+    let servers = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|server| match server.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {
+                Ok(server.to_owned())
+            }
+            _ => Err(format!("{server:?} is not host:port")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if servers.is_empty() {
+        return Err("lists no server".to_owned());
+    }
+    Ok(BootstrapServers(servers))
+}
+
+/// `none` (or empty), `gzip`, `snappy`; `lz4`, `zstd` with their features.
+pub fn compression(raw: &str) -> Result<Compression, Problem> {
+    Ok(match raw.trim().to_ascii_lowercase().as_str() {
+        "none" | "" => Compression::None,
+        "gzip" => Compression::Gzip,
+        "snappy" => Compression::Snappy,
+        #[cfg(feature = "kafka-lz4")]
+        "lz4" => Compression::Lz4,
+        #[cfg(feature = "kafka-zstd")]
+        "zstd" => Compression::Zstd,
+        other => {
+            return Err(format!(
+                "{other:?} is not none, gzip or snappy (lz4/zstd need their build features)"
+            ));
+        }
+    })
+}
+
+/// `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`; empty means no SASL, as
+/// when the variable is unset.
+pub fn sasl_mechanism(raw: &str) -> Result<Option<SaslMechanism>, Problem> {
+    let mechanism = raw.trim();
+    Ok(Some(match mechanism.to_ascii_uppercase().as_str() {
+        "" => return Ok(None),
+        "PLAIN" => SaslMechanism::Plain,
+        "SCRAM-SHA-256" => SaslMechanism::ScramSha256,
+        "SCRAM-SHA-512" => SaslMechanism::ScramSha512,
+        _ => {
+            return Err(format!(
+                "{mechanism:?} is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"
+            ));
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_keep_their_bounds() {
+        assert_eq!(count::<u32, 1000>("200"), Ok(200));
+        assert_eq!(count::<u32, 1000>(" 1000 "), Ok(1000));
+        for (bad, problem) in [
+            ("0", "must be at least 1, got 0"),
+            ("-5", "must be at least 1, got -5"),
+            ("abc", "\"abc\" is not a whole number"),
+            ("", "\"\" is not a whole number"),
+            ("1.5", "\"1.5\" is not a whole number"),
+            ("100000000000", "must be at most 1000, got 100000000000"),
+        ] {
+            assert_eq!(count::<u32, 1000>(bad), Err(problem.to_owned()), "{bad}");
+        }
+        assert_eq!(count::<i16, 32>("32"), Ok(32_i16));
+    }
+
+    #[test]
+    fn durations_and_the_rest() {
+        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(duration("0s"), Ok(Duration::ZERO));
+        assert!(duration("soon").is_err());
+        assert_eq!(
+            positive_duration("0s"),
+            Err("must be greater than zero".into())
+        );
+        assert_eq!(clock_skew(" off "), Ok(None));
+        assert_eq!(clock_skew("2s"), Ok(Some(Duration::from_secs(2))));
+        assert_eq!(whole_number("0"), Ok(0));
+        assert!(whole_number("-1").is_err());
+        assert_eq!(fraction("1"), Ok(1.0));
+        assert!(fraction("1.5").is_err());
+        assert_eq!(topic("  "), Err("is empty".into()));
+        assert_eq!(topic(" t "), Ok("t".into()));
+        assert_eq!(
+            bootstrap_servers("a:1, b:2,"),
+            Ok(BootstrapServers(vec!["a:1".into(), "b:2".into()]))
+        );
+        for bad in ["localhost", ":9092", "h:0", "h:x"] {
+            assert!(
+                bootstrap_servers(bad)
+                    .unwrap_err()
+                    .contains("is not host:port")
+            );
+        }
+        assert_eq!(bootstrap_servers(" , "), Err("lists no server".into()));
+        assert_eq!(compression(""), Ok(Compression::None));
+        assert_eq!(compression("GZIP"), Ok(Compression::Gzip));
+        assert!(compression("brotli").is_err());
+        assert_eq!(sasl_mechanism(""), Ok(None));
+        assert_eq!(
+            sasl_mechanism("scram-sha-512"),
+            Ok(Some(SaslMechanism::ScramSha512))
+        );
+        assert!(sasl_mechanism("KERBEROS").is_err());
+    }
+}
