@@ -139,6 +139,7 @@ fn expiry_settings(batch: u32) -> ExpirySettings {
         cycle_budget: Duration::from_secs(3600),
         // as_of is set explicitly (ManualClock), not read from the clock.
         max_clock_skew: None,
+        ..ExpirySettings::default()
     }
 }
 

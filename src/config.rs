@@ -300,6 +300,17 @@ pub struct ExpirySettings {
     #[arg(id = "EXPIRATION_MAX_CLOCK_SKEW", long = "expiration-max-clock-skew", env = "EXPIRATION_MAX_CLOCK_SKEW",
           default_value = text!(defaults::EXPIRATION_MAX_CLOCK_SKEW), value_parser = setting(parse::clock_skew))]
     pub max_clock_skew: std::option::Option<Duration>,
+    /// Also wake just after the next known deadline, not only on the
+    /// interval ("false": the fixed schedule alone).
+    #[arg(id = "EXPIRATION_DEADLINE_WAKE", long = "expiration-deadline-wake", env = "EXPIRATION_DEADLINE_WAKE",
+          default_value = text!(defaults::EXPIRATION_DEADLINE_WAKE), value_parser = setting(parse::switch),
+          action = clap::ArgAction::Set)]
+    pub deadline_wake: bool,
+    /// No cycle starts sooner than this after the previous one ended, so
+    /// deadlines close together share one cycle.
+    #[arg(id = "EXPIRATION_MIN_GAP", long = "expiration-min-gap", env = "EXPIRATION_MIN_GAP",
+          default_value = text!(defaults::EXPIRATION_MIN_GAP), value_parser = setting(parse::duration))]
+    pub min_gap: Duration,
 }
 
 impl Default for ExpirySettings {
@@ -310,6 +321,8 @@ impl Default for ExpirySettings {
             max_batches_per_cycle: defaults::EXPIRATION_MAX_BATCHES_PER_CYCLE,
             cycle_budget: defaults::EXPIRATION_CYCLE_BUDGET,
             max_clock_skew: defaults::EXPIRATION_MAX_CLOCK_SKEW,
+            deadline_wake: defaults::EXPIRATION_DEADLINE_WAKE,
+            min_gap: defaults::EXPIRATION_MIN_GAP,
         }
     }
 }

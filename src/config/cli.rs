@@ -292,6 +292,8 @@ mod tests {
             "EXPIRATION_MAX_BATCHES_PER_CYCLE",
             "EXPIRATION_CYCLE_BUDGET",
             "EXPIRATION_MAX_CLOCK_SKEW",
+            "EXPIRATION_DEADLINE_WAKE",
+            "EXPIRATION_MIN_GAP",
             "SHUTDOWN_GRACE",
             "CE_SOURCE",
             "KAFKA_TOPIC",

@@ -23,6 +23,8 @@ pub const EXPIRATION_MAX_BATCHES_PER_CYCLE: u32 = 1000;
 pub const EXPIRATION_CYCLE_BUDGET: Duration = Duration::from_secs(30);
 /// `None` would be `off`.
 pub const EXPIRATION_MAX_CLOCK_SKEW: Option<Duration> = Some(Duration::from_secs(2));
+pub const EXPIRATION_DEADLINE_WAKE: bool = true;
+pub const EXPIRATION_MIN_GAP: Duration = Duration::from_millis(250);
 
 pub const KAFKA_TOPIC: &str = "pin.crm.booking-expired.v1";
 pub const CE_SOURCE: &str = crate::events::DEFAULT_SOURCE;
@@ -97,7 +99,7 @@ macro_rules! as_text_by_display {
         })*
     };
 }
-as_text_by_display!(u32, u64, i32, i16, f64, SocketAddr, Compression);
+as_text_by_display!(u32, u64, i32, i16, f64, bool, SocketAddr, Compression);
 
 /// The `&'static str` clap takes as a default, made once from a typed
 /// default: `default_value = text!(defaults::EXPIRATION_INTERVAL)`.
@@ -138,7 +140,12 @@ mod tests {
         ] {
             assert_eq!(reparsed(&timeout, parse::positive_duration), timeout);
         }
+        assert_eq!(
+            reparsed(&EXPIRATION_DEADLINE_WAKE, parse::switch),
+            EXPIRATION_DEADLINE_WAKE
+        );
         for span in [
+            EXPIRATION_MIN_GAP,
             OUTBOX_RETENTION,
             LIVENESS_WINDOW,
             SHUTDOWN_GRACE,
@@ -205,6 +212,8 @@ mod tests {
         let texts = [
             (EXPIRATION_INTERVAL.as_text(), "60s"),
             (EXPIRATION_MAX_CLOCK_SKEW.as_text(), "2s"),
+            (EXPIRATION_DEADLINE_WAKE.as_text(), "true"),
+            (EXPIRATION_MIN_GAP.as_text(), "250ms"),
             (None::<Duration>.as_text(), "off"),
             (OUTBOX_RETENTION.as_text(), "24h"),
             (LIVENESS_WINDOW.as_text(), "5m"),

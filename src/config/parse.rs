@@ -91,6 +91,15 @@ pub fn positive_duration(raw: &str) -> Result<Duration, Problem> {
     Ok(duration)
 }
 
+/// An on/off setting: `true`/`false` (also `on`/`off`, `yes`/`no`, `1`/`0`).
+pub fn switch(raw: &str) -> Result<bool, Problem> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "true" | "on" | "yes" | "1" => Ok(true),
+        "false" | "off" | "no" | "0" => Ok(false),
+        _ => Err(format!("{raw:?} is not true or false")),
+    }
+}
+
 /// A duration, or `off` for none.
 pub fn clock_skew(raw: &str) -> Result<Option<Duration>, Problem> {
     match raw.trim() {

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::wake::WakePolicy;
 use crate::{
     clock::Clock,
     config::{EventSettings, ExpirySettings, ShutdownSettings},
@@ -430,5 +431,24 @@ impl ExpiryWorker {
     /// The interval between cycles.
     pub fn interval(&self) -> Duration {
         self.settings.interval
+    }
+
+    /// The schedule's settings.
+    pub fn wake_policy(&self) -> WakePolicy {
+        WakePolicy {
+            interval: self.settings.interval,
+            deadline_wake: self.settings.deadline_wake,
+            min_gap: self.settings.min_gap,
+        }
+    }
+
+    /// The earliest deadline among active bookings that was not yet due at
+    /// `as_of` (one cheap probe on each partial index).
+    pub async fn next_deadline(
+        &self,
+        as_of: DateTime<Utc>,
+    ) -> Result<Option<DateTime<Utc>>, DbError> {
+        let mut conn = self.pool.get().await?;
+        bookings::next_deadline(&mut conn, as_of).await
     }
 }

@@ -6,6 +6,7 @@
 mod support;
 
 mod cli;
+mod deadline_wake;
 mod expiry_cycle;
 mod faults;
 mod java_consumer;

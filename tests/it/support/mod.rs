@@ -107,6 +107,7 @@ pub fn expiry_settings(batch_size: u32) -> ExpirySettings {
         cycle_budget: Duration::from_secs(30),
         // Tests set the clock far from the database's on purpose.
         max_clock_skew: None,
+        ..ExpirySettings::default()
     }
 }
 

@@ -1,0 +1,220 @@
+//! The real scheduler with the default 60 s interval and deadline wake-up
+//! on (the defaults): bookings expire just after their deadline, never at or
+//! before it; a deadline moved later before it passes is honoured; a booking
+//! added with an earlier deadline than the one the worker sleeps towards is
+//! not left for the next tick.
+
+use std::{sync::Arc, time::Duration};
+
+use crate::support::*;
+use booking_expiration::{
+    clock::{Clock, SystemClock},
+    config::{EventSettings, ExpirySettings, ShutdownSettings},
+    expiry::{ExpiryWorker, scheduler},
+    telemetry::{Health, Metrics},
+};
+use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use tokio_util::sync::CancellationToken;
+
+/// A running scheduler with the default expiry settings.
+struct Scheduler {
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    metrics: Arc<Metrics>,
+}
+
+impl Scheduler {
+    fn start(db: &TestDb) -> Self {
+        let settings = ExpirySettings::default();
+        assert_eq!(
+            settings.interval,
+            Duration::from_secs(60),
+            "the default interval"
+        );
+        assert!(settings.deadline_wake, "deadline wake-up is on by default");
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let metrics = Arc::new(Metrics::new());
+        let worker = Arc::new(ExpiryWorker::new(
+            db.pool.clone(),
+            Arc::clone(&clock),
+            settings,
+            EventSettings::default(),
+            ShutdownSettings::default(),
+            Arc::clone(&metrics),
+        ));
+        let health = Arc::new(Health::new(clock.now(), true, false));
+        let token = CancellationToken::new();
+        let task = tokio::spawn(scheduler::run(
+            worker,
+            clock,
+            Arc::clone(&metrics),
+            health,
+            token.clone(),
+        ));
+        Self {
+            token,
+            task,
+            metrics,
+        }
+    }
+
+    async fn stop(self) {
+        self.token.cancel();
+        self.task.await.expect("scheduler task");
+    }
+}
+
+fn now() -> DateTime<Utc> {
+    SystemClock.now()
+}
+
+fn ms(n: i64) -> ChronoDuration {
+    ChronoDuration::milliseconds(n)
+}
+
+async fn wait_expired(db: &TestDb, id: uuid::Uuid, within: Duration) {
+    wait_until("the booking to expire", within, || async {
+        db.booking(id).await.expired_at.is_some()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookings_due_over_the_next_seconds_expire_within_a_second_of_their_deadline() {
+    let db = TestDb::new().await;
+    let start = now();
+    // 12 bookings, both phases, deadlines spread over the next 6 s: each is
+    // found by the probe after the previous wake-up, not by the 60 s tick.
+    let bookings: Vec<NewBooking> = (0..12)
+        .map(|i| {
+            let deadline = start + ms(700 + 450 * i);
+            if i % 3 == 2 {
+                NewBooking::new("Booked").booking_deadline(deadline)
+            } else {
+                NewBooking::new(if i % 2 == 0 {
+                    "Reserved"
+                } else {
+                    "AwaitingPayment"
+                })
+                .reserve_deadline(deadline)
+            }
+        })
+        .collect();
+    db.insert_all(&bookings).await;
+    let scheduler = Scheduler::start(&db);
+    for booking in &bookings {
+        wait_expired(&db, booking.id, Duration::from_secs(15)).await;
+    }
+    let metrics = scheduler.metrics.encode();
+    scheduler.stop().await;
+
+    let mut worst = ChronoDuration::zero();
+    for booking in &bookings {
+        let stored = db.booking(booking.id).await;
+        let deadline = stored
+            .reserve_expires_at
+            .filter(|_| stored.status == "ReserveExpired")
+            .or(stored.booking_expires_at)
+            .expect("a deadline");
+        let expired_at = stored.expired_at.expect("expired");
+        assert!(
+            expired_at > deadline,
+            "{}: expired at {expired_at}, not after its deadline {deadline}",
+            booking.id
+        );
+        let late = expired_at - deadline;
+        assert!(
+            late < ChronoDuration::seconds(1),
+            "{}: {} ms late (deadline {deadline})",
+            booking.id,
+            late.num_milliseconds()
+        );
+        worst = worst.max(late);
+    }
+    eprintln!(
+        "deadline wake-up: 12 bookings over 6 s, worst lateness {} ms",
+        worst.num_milliseconds()
+    );
+    assert!(
+        metrics.contains("crm_booking_expiration_lateness_seconds_count{phase=\"reserve\"} 8"),
+        "lateness observed per expiry:\n{metrics}"
+    );
+    assert!(metrics.contains("crm_booking_expiration_lateness_seconds_count{phase=\"booking\"} 4"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_extended_just_before_its_deadline_is_left_alone() {
+    let db = TestDb::new().await;
+    let deadline = now() + ms(5000);
+    let extended = NewBooking::new("Reserved").reserve_deadline(deadline);
+    // Same deadline, not extended: once it expired, the worker has woken for
+    // that deadline and looked at the extended booking afresh.
+    let control = NewBooking::new("Reserved").reserve_deadline(deadline);
+    db.insert_all(&[extended.clone(), control.clone()]).await;
+    let scheduler = Scheduler::start(&db);
+    // The worker's first cycle ran, so it now sleeps towards `deadline`.
+    wait_until("the first cycle", Duration::from_secs(10), || async {
+        scheduler.metrics.last_success_timestamp_seconds.get() > 0
+    })
+    .await;
+    let before = (deadline - ms(1000) - now()).to_std();
+    let before = before.expect("the first cycle ended more than 1 s before the deadline");
+    // Deliberate timing: the Extend comes 1 s before the deadline.
+    tokio::time::sleep(before).await;
+    db.exec_sql(&format!(
+        "UPDATE bookings SET reserve_expires_at = reserve_expires_at + interval '1 hour', \
+         version = version + 1, updated_at = now() WHERE id = '{}'",
+        extended.id
+    ))
+    .await;
+    wait_expired(&db, control.id, Duration::from_secs(10)).await;
+    scheduler.stop().await;
+    let stored = db.booking(extended.id).await;
+    assert_eq!(
+        stored.status, "Reserved",
+        "the extended booking stays active"
+    );
+    assert_eq!(stored.expired_at, None);
+    assert_eq!(stored.version, 2, "only the manager's change");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) AS n FROM booking_expiration_outbox WHERE message_key = '{}'",
+            extended.id
+        ))
+        .await,
+        0,
+        "no event for the extended booking"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_added_with_an_earlier_deadline_is_not_left_for_the_tick() {
+    let db = TestDb::new().await;
+    let later = NewBooking::new("Booked").booking_deadline(now() + ms(4000));
+    db.insert(&later).await;
+    let scheduler = Scheduler::start(&db);
+    wait_until("the first cycle", Duration::from_secs(10), || async {
+        scheduler.metrics.last_success_timestamp_seconds.get() > 0
+    })
+    .await;
+    // The worker sleeps towards `later`'s deadline; this one falls due first.
+    let earlier_deadline = now() + ms(1000);
+    let earlier = NewBooking::new("Reserved").reserve_deadline(earlier_deadline);
+    db.insert(&earlier).await;
+    // The 60 s tick is far away: only a deadline wake-up can take it in time.
+    wait_expired(&db, earlier.id, Duration::from_secs(10)).await;
+    wait_expired(&db, later.id, Duration::from_secs(10)).await;
+    scheduler.stop().await;
+    let earlier_row = db.booking(earlier.id).await;
+    let later_row = db.booking(later.id).await;
+    let expired_at = earlier_row.expired_at.expect("expired");
+    assert!(expired_at > earlier_deadline, "never before its deadline");
+    assert!(
+        expired_at <= later_row.expired_at.expect("expired"),
+        "expired no later than the wake-up the worker slept towards"
+    );
+    assert!(
+        later_row.expired_at.expect("expired") - later.booking_expires_at.expect("deadline")
+            < ChronoDuration::seconds(1)
+    );
+}
