@@ -119,6 +119,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     tasks.spawn(http::serve(
         listener,
         http::HttpState {
+            clock: Arc::clone(&clock),
             metrics: Arc::clone(&metrics),
             health: Arc::clone(&health),
             pool: pool.clone(),

@@ -16,6 +16,12 @@
 //! - [`config`]: typed, validated settings; [`clock`]: the time seam.
 //! - [`app`]: wiring of the commands used by the binary.
 
+// The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
+// and every public type debuggable. clippy.toml keeps the wall clock behind
+// `clock::Clock`.
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms, missing_debug_implementations)]
+
 pub mod app;
 pub mod clock;
 pub mod config;

@@ -100,6 +100,18 @@ pub struct ExpiryWorker {
     subscribers: Vec<Arc<dyn DomainEventSubscriber>>,
 }
 
+impl std::fmt::Debug for ExpiryWorker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpiryWorker")
+            .field("clock", &self.clock)
+            .field("settings", &self.settings)
+            .field("events", &self.events)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("subscribers", &self.subscribers.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl ExpiryWorker {
     pub fn new(
         pool: PgPool,

@@ -125,6 +125,14 @@ pub struct KafkaSink {
     connection: Mutex<Option<Connection>>,
 }
 
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
 impl KafkaSink {
     pub fn new(settings: KafkaSettings) -> Self {
         Self {

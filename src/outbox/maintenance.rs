@@ -47,6 +47,12 @@ pub struct LagStats {
     metrics: Arc<Metrics>,
 }
 
+impl std::fmt::Debug for LagStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LagStats").finish_non_exhaustive()
+    }
+}
+
 impl LagStats {
     pub fn new(pool: PgPool, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Self {
         Self {
@@ -86,6 +92,12 @@ pub struct RetentionSweep {
     clock: Arc<dyn Clock>,
     retention: Duration,
     metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for RetentionSweep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RetentionSweep").finish_non_exhaustive()
+    }
 }
 
 impl RetentionSweep {

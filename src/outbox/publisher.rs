@@ -75,6 +75,16 @@ pub struct Publisher<S = KafkaSink> {
     topic: String,
 }
 
+impl<S> std::fmt::Debug for Publisher<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("settings", &self.settings)
+            .field("topic", &self.topic)
+            .field("lanes", &self.sinks.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S> Clone for Publisher<S> {
     fn clone(&self) -> Self {
         Self {

@@ -4,7 +4,6 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use chrono::Utc;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
@@ -12,7 +11,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{Health, Metrics};
-use crate::db::PgPool;
+use crate::{clock::Clock, db::PgPool};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
@@ -21,11 +20,21 @@ const DB_PING_TIMEOUT: Duration = Duration::from_secs(2);
 /// What the handlers read.
 #[derive(Clone)]
 pub struct HttpState {
+    /// The liveness check's notion of now.
+    pub clock: Arc<dyn Clock>,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     pub pool: PgPool,
     /// No successful cycle for longer is unhealthy (spec §6: 5 minutes).
     pub liveness_window: Duration,
+}
+
+impl std::fmt::Debug for HttpState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpState")
+            .field("liveness_window", &self.liveness_window)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Errors of the HTTP layer.
@@ -112,7 +121,10 @@ async fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
             state.metrics.encode(),
         ),
         "/healthz" => {
-            if state.health.is_live(Utc::now(), state.liveness_window) {
+            if state
+                .health
+                .is_live(state.clock.now(), state.liveness_window)
+            {
                 (200, "text/plain", "ok\n".to_owned())
             } else {
                 (

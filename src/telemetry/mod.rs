@@ -10,6 +10,7 @@ pub use metrics::Metrics;
 
 /// Displays an error with its whole cause chain (`outer: inner: root`), for
 /// log fields where `%error` alone would drop the causes.
+#[derive(Debug)]
 pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for ErrorChain<'_> {

@@ -50,7 +50,7 @@ async fn migrate_is_idempotent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn once_prints_exactly_the_report_line() {
     let db = TestDb::new().await;
-    let now = chrono::Utc::now();
+    let now = wall_now();
     db.insert_all(&[
         NewBooking::new("Reserved").reserve_deadline(now - chrono::Duration::minutes(1)),
         NewBooking::new("AwaitingPayment").reserve_deadline(now - chrono::Duration::minutes(2)),
@@ -95,7 +95,7 @@ async fn once_prints_exactly_the_report_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_once_processes_expire_each_booking_exactly_once() {
     let db = TestDb::new().await;
-    db.seed_due(10_000, chrono::Utc::now()).await;
+    db.seed_due(10_000, wall_now()).await;
     let spawn = || {
         binary()
             .arg("once")
@@ -289,7 +289,7 @@ async fn wrong_password_and_unreachable_database_fail_clearly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
     let db = TestDb::new().await;
-    db.seed_due(500, chrono::Utc::now()).await;
+    db.seed_due(500, wall_now()).await;
     let topic = create_topic(3).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let mut command = binary();

@@ -743,7 +743,7 @@ async fn slo_booking_due_at_t_expires_by_t_plus_interval_plus_cycle() {
 async fn a_fast_clock_never_expires_a_booking_early() {
     // This instance's clock runs an hour ahead of the database's.
     let db = TestDb::new().await;
-    let db_now = chrono::Utc::now();
+    let db_now = wall_now();
     let fast = booking_expiration::clock::ManualClock::new(db_now + ChronoDuration::hours(1));
     let soon = NewBooking::new("Reserved").reserve_deadline(db_now + ChronoDuration::minutes(30));
     let past = NewBooking::new("Booked").booking_deadline(db_now - ChronoDuration::minutes(1));
@@ -760,6 +760,6 @@ async fn a_fast_clock_never_expires_a_booking_early() {
         outcome.report.reserve_expired_count, 0,
         "not due by the database clock"
     );
-    assert!(outcome.as_of <= chrono::Utc::now() + ChronoDuration::seconds(2));
+    assert!(outcome.as_of <= wall_now() + ChronoDuration::seconds(2));
     assert_eq!(db.booking(soon.id).await.status, "Reserved");
 }

@@ -93,7 +93,7 @@ async fn kill_9_at_random_points_loses_nothing_and_expires_once() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     const DUE: i64 = 20_000;
-    db.seed_due(DUE as u64, chrono::Utc::now()).await;
+    db.seed_due(DUE as u64, wall_now()).await;
     let started = Instant::now();
     let mut kills = 0;
     for round in 0..12 {
@@ -139,7 +139,7 @@ async fn kill_9_at_random_points_loses_nothing_and_expires_once() {
 async fn four_instances_with_concurrent_manager_commands() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
-    db.seed_due(10_000, chrono::Utc::now()).await;
+    db.seed_due(10_000, wall_now()).await;
     db.exec_sql("CREATE TABLE manager_log (booking_id uuid PRIMARY KEY, action text NOT NULL)")
         .await;
     let mut workers: Vec<Running> = (0..4)
@@ -231,7 +231,7 @@ async fn four_instances_with_concurrent_manager_commands() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_rows_are_isolated() {
     let db = TestDb::new().await;
-    let now = chrono::Utc::now();
+    let now = wall_now();
     let past = now - chrono::Duration::days(36_500);
     let future = now + chrono::Duration::days(36_500);
     let good = NewBooking::new("Reserved").reserve_deadline(now - chrono::Duration::seconds(5));
@@ -320,7 +320,7 @@ async fn database_restart_and_killed_connections_heal() {
     let pg = Postgres::start(&tempdir("pg-fault"), free_port(), &[]).expect("start PostgreSQL");
     let db = TestDb::on(&pg.admin_url).await;
     const DUE: i64 = 20_000;
-    db.seed_due(DUE as u64, chrono::Utc::now()).await;
+    db.seed_due(DUE as u64, wall_now()).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let mut command = binary();
     command
@@ -400,7 +400,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
 
     let db = TestDb::new().await;
     const FIRST: i64 = 3_000;
-    db.seed_due(FIRST as u64, chrono::Utc::now()).await;
+    db.seed_due(FIRST as u64, wall_now()).await;
     let addr = format!("127.0.0.1:{}", free_port());
     let mut command = binary();
     command
@@ -419,7 +419,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
     kafka.stop().expect("stop Kafka");
     let down_at = Instant::now();
     // While Kafka is down: more bookings become due and still expire.
-    db.seed_due(2_000, chrono::Utc::now()).await;
+    db.seed_due(2_000, wall_now()).await;
     wait_until(
         "worker keeps expiring with Kafka down",
         Duration::from_secs(60),

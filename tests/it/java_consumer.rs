@@ -16,7 +16,7 @@ const PARTITIONS: i32 = 3;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn java_consumer_reads_what_the_worker_expired() {
     let db = TestDb::new().await;
-    let now = Utc::now();
+    let now = wall_now();
     let past = |minutes: i64| now - chrono::Duration::minutes(minutes);
     let mut bookings = Vec::new();
     for i in 0..20 {

@@ -53,7 +53,7 @@ fn publisher_with(
         clock,
         settings,
         Arc::new(Metrics::new()),
-        Arc::new(Health::new(chrono::Utc::now(), true, true)),
+        Arc::new(Health::new(wall_now(), true, true)),
         topic.to_owned(),
     )
 }
@@ -257,7 +257,7 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
                 key: r.message_key.clone(),
                 value: r.payload.clone(),
                 headers: r.header_pairs().into_iter().collect(),
-                timestamp: chrono::Utc::now(),
+                timestamp: wall_now(),
             })
             .collect(),
     )
@@ -485,7 +485,7 @@ async fn retention_removes_only_old_published_rows() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 30, &topic).await;
-    let clock = ManualClock::new(chrono::Utc::now());
+    let clock = ManualClock::new(wall_now());
     let p = publisher_with(
         db.pool.clone(),
         kafka_settings(kafka_bootstrap()),

@@ -53,7 +53,7 @@ fn rig_with_clock<S: Sink>(
     settings: PublisherSettings,
     clock: Arc<dyn Clock>,
 ) -> Rig<S> {
-    let health = Arc::new(Health::new(chrono::Utc::now(), true, true));
+    let health = Arc::new(Health::new(wall_now(), true, true));
     let metrics = Arc::new(Metrics::new());
     let publisher = Publisher::new(
         pool,
@@ -460,7 +460,7 @@ fn one_record() -> Vec<OutgoingRecord> {
         key: "k".into(),
         value: b"v".to_vec(),
         headers: Default::default(),
-        timestamp: chrono::Utc::now(),
+        timestamp: wall_now(),
     }]
 }
 

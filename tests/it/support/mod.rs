@@ -89,6 +89,12 @@ pub fn database_settings(url: &str) -> DatabaseSettings {
     }
 }
 
+/// The wall clock, through the product's one clock seam (clippy.toml forbids
+/// `Utc::now()` elsewhere).
+pub fn wall_now() -> DateTime<Utc> {
+    booking_expiration::clock::Clock::now(&booking_expiration::clock::SystemClock)
+}
+
 /// A fixed, round reference time for deterministic tests.
 pub fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2027, 3, 1, 12, 0, 0).unwrap()
