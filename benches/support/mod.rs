@@ -17,7 +17,7 @@ use anyhow::Result;
 use booking_expiration::config::{DatabaseSettings, DatabaseUrl};
 use diesel::{QueryableByName, sql_types::Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use testkit::{
     kafka::Kafka,
@@ -75,7 +75,7 @@ pub fn process_cpu_ms() -> f64 {
 }
 
 /// min / median / max of repeated samples.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Stat {
     pub min: f64,
     pub median: f64,

@@ -75,8 +75,8 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
             wait = (Duration::ZERO, WakeReason::Backlog);
         } else if let Some(deadline) = inputs.next_deadline {
             // A deadline already behind `now` gives a negative span: wake at once.
-            let until_deadline = (deadline - inputs.now).to_std().unwrap_or(Duration::ZERO)
-                + DEADLINE_MARGIN;
+            let until_deadline =
+                (deadline - inputs.now).to_std().unwrap_or(Duration::ZERO) + DEADLINE_MARGIN;
             if until_deadline < wait.0 {
                 wait = (until_deadline, WakeReason::Deadline);
             }
@@ -131,9 +131,15 @@ mod tests {
         );
         assert_eq!(
             wake,
-            (Duration::from_secs(7) + DEADLINE_MARGIN, WakeReason::Deadline)
+            (
+                Duration::from_secs(7) + DEADLINE_MARGIN,
+                WakeReason::Deadline
+            )
         );
-        assert!(wake.0 > Duration::from_secs(7), "never at the deadline itself");
+        assert!(
+            wake.0 > Duration::from_secs(7),
+            "never at the deadline itself"
+        );
     }
 
     #[test]
@@ -233,8 +239,13 @@ mod tests {
                     ..inputs()
                 };
                 let (wait, _) = next_wake(&POLICY, &input);
-                let gap_left = POLICY.min_gap.saturating_sub(Duration::from_millis(since_ms));
-                assert!(wait <= input.until_tick.max(gap_left), "{deadline} {since_ms}");
+                let gap_left = POLICY
+                    .min_gap
+                    .saturating_sub(Duration::from_millis(since_ms));
+                assert!(
+                    wait <= input.until_tick.max(gap_left),
+                    "{deadline} {since_ms}"
+                );
                 assert!(wait >= gap_left, "{deadline} {since_ms}");
             }
         }
