@@ -17,7 +17,7 @@ use anyhow::Result;
 use booking_expiration::config::{DatabaseSettings, DatabaseUrl};
 use diesel::{QueryableByName, sql_types::Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use testkit::{
     kafka::Kafka,
@@ -28,6 +28,11 @@ pub use testkit::{postgres::count, repo};
 static START: OnceLock<Instant> = OnceLock::new();
 
 /// Marks the start of the run for the progress clock.
+/// The wall clock, through the product's one clock seam (clippy.toml).
+pub fn wall_now() -> chrono::DateTime<chrono::Utc> {
+    booking_expiration::clock::Clock::now(&booking_expiration::clock::SystemClock)
+}
+
 pub fn start_clock() {
     START.get_or_init(Instant::now);
 }
@@ -75,7 +80,7 @@ pub fn process_cpu_ms() -> f64 {
 }
 
 /// min / median / max of repeated samples.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Stat {
     pub min: f64,
     pub median: f64,
