@@ -28,6 +28,9 @@ use crate::{
     telemetry::ErrorChain,
 };
 
+/// Pause between metadata lookups while a topic just created appears.
+const TOPIC_POLL: Duration = Duration::from_millis(50);
+
 /// How long a topic's partition count is trusted before it is looked up again.
 const METADATA_TTL: Duration = Duration::from_secs(60);
 
@@ -233,7 +236,15 @@ impl KafkaSink {
                     tracing::warn!(topic, error = %ErrorChain(&error), "topic creation failed")
                 }
             }
-            count = self.partition_count(client, topic, budget).await?;
+            // A broker answers CreateTopics before its metadata cache lists
+            // the new topic: look again until it does or the budget ends.
+            loop {
+                count = self.partition_count(client, topic, budget).await?;
+                if count.is_some_and(|n| n > 0) || budget.remaining() < TOPIC_POLL {
+                    break;
+                }
+                tokio::time::sleep(TOPIC_POLL).await;
+            }
         }
         let count = count.ok_or_else(|| KafkaError::TopicMissing(topic.to_owned()))?;
         if count == 0 {
