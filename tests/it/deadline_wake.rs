@@ -4,64 +4,25 @@
 //! added with an earlier deadline than the one the worker sleeps towards is
 //! not left for the next tick.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use crate::support::*;
 use booking_expiration::{
     clock::{Clock, SystemClock},
-    config::{EventSettings, ExpirySettings, ShutdownSettings},
-    expiry::{ExpiryWorker, scheduler},
-    telemetry::{Health, Metrics},
+    config::ExpirySettings,
 };
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use tokio_util::sync::CancellationToken;
 
-/// A running scheduler with the default expiry settings.
-struct Scheduler {
-    token: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
-    metrics: Arc<Metrics>,
-}
-
-impl Scheduler {
-    fn start(db: &TestDb) -> Self {
-        let settings = ExpirySettings::default();
-        assert_eq!(
-            settings.interval,
-            Duration::from_secs(60),
-            "the default interval"
-        );
-        assert!(settings.deadline_wake, "deadline wake-up is on by default");
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let metrics = Arc::new(Metrics::new());
-        let worker = Arc::new(ExpiryWorker::new(
-            db.pool.clone(),
-            Arc::clone(&clock),
-            settings,
-            EventSettings::default(),
-            ShutdownSettings::default(),
-            Arc::clone(&metrics),
-        ));
-        let health = Arc::new(Health::new(clock.now(), true, false));
-        let token = CancellationToken::new();
-        let task = tokio::spawn(scheduler::run(
-            worker,
-            clock,
-            Arc::clone(&metrics),
-            health,
-            token.clone(),
-        ));
-        Self {
-            token,
-            task,
-            metrics,
-        }
-    }
-
-    async fn stop(self) {
-        self.token.cancel();
-        self.task.await.expect("scheduler task");
-    }
+/// The defaults: a 60 s interval and deadline wake-up on.
+fn default_settings() -> ExpirySettings {
+    let settings = ExpirySettings::default();
+    assert_eq!(
+        settings.interval,
+        Duration::from_secs(60),
+        "the default interval"
+    );
+    assert!(settings.deadline_wake, "deadline wake-up is on by default");
+    settings
 }
 
 fn now() -> DateTime<Utc> {
@@ -101,7 +62,7 @@ async fn bookings_due_over_the_next_seconds_expire_within_a_second_of_their_dead
         })
         .collect();
     db.insert_all(&bookings).await;
-    let scheduler = Scheduler::start(&db);
+    let scheduler = Scheduler::start(&db, default_settings());
     for booking in &bookings {
         wait_expired(&db, booking.id, Duration::from_secs(15)).await;
     }
@@ -151,7 +112,7 @@ async fn a_booking_extended_just_before_its_deadline_is_left_alone() {
     // that deadline and looked at the extended booking afresh.
     let control = NewBooking::new("Reserved").reserve_deadline(deadline);
     db.insert_all(&[extended.clone(), control.clone()]).await;
-    let scheduler = Scheduler::start(&db);
+    let scheduler = Scheduler::start(&db, default_settings());
     // The worker's first cycle ran, so it now sleeps towards `deadline`.
     wait_until("the first cycle", Duration::from_secs(10), || async {
         scheduler.metrics.last_success_timestamp_seconds.get() > 0
@@ -192,7 +153,7 @@ async fn a_booking_added_with_an_earlier_deadline_is_not_left_for_the_tick() {
     let db = TestDb::new().await;
     let later = NewBooking::new("Booked").booking_deadline(now() + ms(4000));
     db.insert(&later).await;
-    let scheduler = Scheduler::start(&db);
+    let scheduler = Scheduler::start(&db, default_settings());
     wait_until("the first cycle", Duration::from_secs(10), || async {
         scheduler.metrics.last_success_timestamp_seconds.get() > 0
     })

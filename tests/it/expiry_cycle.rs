@@ -11,7 +11,7 @@ use booking_expiration::{
     config::{EventSettings, ShutdownSettings},
     db::bookings,
     domain::{BookingExpired, DomainEventSubscriber, Phase, RunId},
-    expiry::{CycleError, scheduler},
+    expiry::CycleError,
 };
 use booking_expired_proto::{decode_record, v1};
 use chrono::Duration as ChronoDuration;
@@ -696,33 +696,18 @@ async fn slo_booking_due_at_t_expires_by_t_plus_interval_plus_cycle() {
     let due_at = now + ChronoDuration::milliseconds(1500);
     let booking = NewBooking::new("Reserved").reserve_deadline(due_at);
     db.insert(&booking).await;
-    let metrics = Arc::new(booking_expiration::telemetry::Metrics::new());
-    let mut settings = expiry_settings(200);
-    settings.interval = interval;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let worker = Arc::new(booking_expiration::expiry::ExpiryWorker::new(
-        db.pool.clone(),
-        Arc::clone(&clock),
-        settings,
-        EventSettings::default(),
-        ShutdownSettings::default(),
-        Arc::clone(&metrics),
-    ));
-    let health = Arc::new(booking_expiration::telemetry::Health::new(now, true, false));
-    let token = CancellationToken::new();
-    let task = tokio::spawn(scheduler::run(
-        worker,
-        clock,
-        metrics.clone(),
-        health,
-        token.clone(),
-    ));
+    // The draft's fixed schedule: the SLO holds without deadline wake-up.
+    let settings = booking_expiration::config::ExpirySettings {
+        interval,
+        deadline_wake: false,
+        ..expiry_settings(200)
+    };
+    let scheduler = Scheduler::start(&db, settings);
     wait_until("the booking to expire", Duration::from_secs(10), || async {
         db.booking(booking.id).await.status == "ReserveExpired"
     })
     .await;
-    token.cancel();
-    task.await.unwrap();
+    scheduler.stop().await;
     let stored = db.booking(booking.id).await;
     let expired_at = stored.expired_at.unwrap();
     assert!(expired_at > due_at, "never before the deadline");

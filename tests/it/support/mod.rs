@@ -8,6 +8,7 @@
 mod db;
 mod kafka;
 mod process;
+mod scheduler;
 
 use std::{
     future::Future,
@@ -27,6 +28,7 @@ use chrono::{DateTime, TimeZone, Utc};
 pub use db::*;
 pub use kafka::*;
 pub use process::*;
+pub use scheduler::Scheduler;
 
 /// The servers the test command (`bash scripts/test.sh`) started.
 struct Servers {
