@@ -10,11 +10,16 @@
 //! - [`events`]: domain event → protobuf value, Kafka key, CloudEvents headers.
 //! - [`db`]: the pool, embedded migrations, the bookings and outbox
 //!   repositories. All SQL lives here.
-//! - [`expiry`]: one cycle (`run_cycle`) and the scheduler that repeats it.
-//! - [`outbox`]: the publisher (claim, produce, mark) and its Kafka sink.
+//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule and the
+//!   scheduler that repeats cycles at each tick and deadline.
+//! - [`outbox`]: the publisher (claim, produce, mark) behind the `Sink` seam
+//!   (rskafka, or in memory for tests), and its upkeep tasks.
 //! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.
 //! - [`config`]: typed, validated settings; [`clock`]: the time seam.
 //! - [`app`]: wiring of the commands used by the binary.
+//!
+//! Dependencies point inwards: `app` → `expiry`/`outbox` → `db`/`events` →
+//! `domain`; `config`, `clock` and `telemetry` are leaves.
 
 // The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
 // and every public type debuggable. clippy.toml keeps the wall clock behind
