@@ -148,6 +148,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             shutdown.clone(),
         ));
     }
+    if !shutdown.is_cancelled() {
+        // The outbox lag gauges on every instance, publisher or not: an
+        // instance that only expires still shows how far publishing lags.
+        tasks.spawn(
+            LagStats::new(pool.clone(), Arc::clone(&clock), Arc::clone(&metrics))
+                .run(shutdown.clone()),
+        );
+    }
     if let Some(kafka_settings) = kafka_settings
         && !shutdown.is_cancelled()
     {
@@ -167,16 +175,12 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             Arc::clone(&health),
             events.topic.clone(),
         );
-        // Four tasks, each with its own schedule: publishing (wake-up,
-        // backoff), the broker readiness check, the lag gauges, retention.
+        // Three tasks, each with its own schedule: publishing (wake-up,
+        // backoff), the broker readiness check, retention.
         let (p, stop) = (publisher.clone(), shutdown.clone());
         tasks.spawn(async move { p.run(wake, stop).await });
         let stop = shutdown.clone();
         tasks.spawn(async move { publisher.run_broker_check(stop).await });
-        tasks.spawn(
-            LagStats::new(pool.clone(), Arc::clone(&clock), Arc::clone(&metrics))
-                .run(shutdown.clone()),
-        );
         if !retention.is_zero() {
             tasks.spawn(
                 RetentionSweep::new(
