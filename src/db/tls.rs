@@ -338,8 +338,15 @@ impl Failure {
             Failure::Setup(error) => error.to_string(),
             Failure::Postgres(error) => {
                 if let Some(db) = error.as_db_error() {
-                    // As diesel-async reports it: the server's own words.
-                    db.message().to_owned()
+                    // As diesel-async reports it: the server's own words,
+                    // with the settings that answer a demand for a client
+                    // certificate.
+                    let message = db.message();
+                    if message.contains("client certificate") && tls.client.is_none() {
+                        format!("{message} (sslcert and sslkey are not set)")
+                    } else {
+                        message.to_owned()
+                    }
                 } else if let Some(tls_error) = rustls_error(error) {
                     format!("TLS (sslmode={}): {}", tls.mode, explain(tls_error, tls))
                 } else {
