@@ -241,10 +241,14 @@ impl DatabaseUrl {
         }
         let (connect, tls) =
             pg_tls::split_url(raw).map_err(|problem| ConfigError::new(SETTING, problem))?;
-        // tokio-postgres's errors name the option, never its value.
-        connect
-            .parse::<tokio_postgres::Config>()
-            .map_err(|e| ConfigError::new(SETTING, e.to_string()))?;
+        // tokio-postgres's errors name the option, never its value (for a
+        // URL; its key=value form, which may quote a character, is not
+        // accepted above).
+        connect.parse::<tokio_postgres::Config>().map_err(|e| {
+            let cause =
+                std::error::Error::source(&e).map_or_else(String::new, |c| format!(" ({c})"));
+            ConfigError::new(SETTING, format!("{e}{cause}"))
+        })?;
         if tls.mode.requires_tls() && !crate::db::tls::cpu_supported() {
             return Err(ConfigError::new(
                 SETTING,
@@ -566,6 +570,27 @@ mod tests {
             assert!(!err.to_string().contains("s3cret"), "{err}");
         }
         let url = DatabaseUrl::parse("postgres://u:s3cret@h:5432/db").unwrap();
+        assert!(!format!("{url:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn database_url_parameters_tokio_postgres_refuses_are_named() {
+        let err = DatabaseUrl::parse("postgres://u:s3cret@h/db?sslsni=1").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "DATABASE_URL: invalid connection string (unknown option `sslsni`)"
+        );
+        let err =
+            DatabaseUrl::parse("postgres://u:s3cret@h/db?connect_timeout=s3cret").unwrap_err();
+        assert!(err.problem.contains("`connect_timeout`"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        let url =
+            DatabaseUrl::parse("postgres://u:s3cret@h/db?sslmode=verify-full&application_name=x")
+                .unwrap();
+        assert_eq!(
+            url.connect_url(),
+            "postgres://u:s3cret@h/db?application_name=x"
+        );
         assert!(!format!("{url:?}").contains("s3cret"));
     }
 
