@@ -87,7 +87,10 @@ async fn postgresql_settings(svc: &Services) -> Result<BTreeMap<String, String>>
 
 /// The figures `BENCH_ONLY` selects (all when unset or empty).
 fn selected_figures() -> Result<Vec<&'static str>> {
-    let Some(list) = std::env::var("BENCH_ONLY").ok().filter(|v| !v.trim().is_empty()) else {
+    let Some(list) = std::env::var("BENCH_ONLY")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    else {
         return Ok(results::FIGURES.to_vec());
     };
     let mut out = Vec::new();
@@ -134,7 +137,14 @@ async fn run() -> Result<()> {
     let svc = Services::start()?;
     let postgresql = postgresql_settings(&svc).await?;
     create_topic(&svc, figures::TOPIC, 3).await?;
-    let seeded = ["expiry", "idle", "publisher", "end_to_end", "scaling", "profile"];
+    let seeded = [
+        "expiry",
+        "idle",
+        "publisher",
+        "end_to_end",
+        "scaling",
+        "profile",
+    ];
     let templates = if seeded.iter().any(|f| wants(f)) {
         Some(Templates::seed(&svc).await?)
     } else {

@@ -67,7 +67,13 @@ pub fn header(r: &Results) -> String {
         .measured
         .iter()
         .filter(|(_, stamp)| stamp.finished_at != r.finished_at)
-        .map(|(figure, stamp)| format!("{figure} ({} run {}Z)", stamp.mode, short(&stamp.finished_at)))
+        .map(|(figure, stamp)| {
+            format!(
+                "{figure} ({} run {}Z)",
+                stamp.mode,
+                short(&stamp.finished_at)
+            )
+        })
         .collect();
     if !earlier.is_empty() {
         let _ = writeln!(
@@ -380,7 +386,11 @@ fn statements_rows(s: &Statements, rows: &mut Vec<Row>) {
             ),
             project: format!("deadline-driven {}/min", num(d.per_minute)),
             baseline: format!("fixed {}/min", num(f.per_minute)),
-            ratio: format!("{:.1}x", d.per_minute / f.per_minute),
+            ratio: if f.per_minute > 0.0 {
+                format!("{:.1}x", d.per_minute / f.per_minute)
+            } else {
+                "n/a".into()
+            },
             goal: "-".into(),
             met: "-".into(),
             load: s.loadavg_at_start,
@@ -494,7 +504,6 @@ fn end_to_end_raw(e: &EndToEnd, out: &mut String) {
             if run.clean_exit { "yes" } else { "no" }
         );
     }
-
 }
 
 fn profile_raw(runs: &[ProfileRun], out: &mut String) {

@@ -77,11 +77,13 @@ impl Load {
             Self::of(10_000, 600.0)
         }
     }
+    /// A spread that fits, with 2 s before it and some after it, in a
+    /// window of whole intervals ([`statements_window_s`]).
     pub fn statements(quick: bool) -> Self {
         if quick {
-            Self::of(500, 30.0)
+            Self::of(500, 50.0)
         } else {
-            Self::of(2_000, 120.0)
+            Self::of(2_000, 110.0)
         }
     }
     pub fn kafka(quick: bool) -> Self {
@@ -314,9 +316,16 @@ pub struct StatementsRun {
     pub top: Vec<(i64, String)>,
 }
 
+/// The counting window: whole intervals (so it holds as many ticks of the
+/// fixed schedule wherever they fall), at least the spread and 4 s.
+fn statements_window_s(load: Load) -> f64 {
+    ((load.spread_s + 4.0) / INTERVAL_S).ceil() * INTERVAL_S
+}
+
 /// The four configurations at the same time on four databases: one reset
-/// of `pg_stat_statements` just before the first deadline (every instance
-/// has started and run its first cycle), one snapshot just after the last.
+/// of `pg_stat_statements` 2 s before the first deadline (every instance
+/// has started and run its first cycle), one snapshot a whole number of
+/// intervals later, after the last deadline.
 pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     let load = Load::statements(quick);
     let configs = [
@@ -326,7 +335,7 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
         (Mode::Fixed, 4),
     ];
     progress!(
-        "8. statements per minute: {} bookings over {:.0} s per configuration, {} configurations at the same time",
+        "9. statements per minute: {} bookings over {:.0} s per configuration, {} configurations at the same time",
         load.bookings,
         load.spread_s,
         configs.len()
@@ -360,11 +369,16 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     }
     svc.admin_exec("SELECT pg_stat_statements_reset()").await?;
     let reset = Instant::now();
+    let window = Duration::from_secs_f64(statements_window_s(load));
     progress!(
         "statements: counters reset; snapshot in {:.0} s",
-        seconds_between(wall_now(), last) + 2.0
+        window.as_secs_f64()
     );
-    sleep_until(last + secs(2.0)).await;
+    ensure!(
+        wall_now() + secs(window.as_secs_f64()) > last,
+        "the window must hold every deadline"
+    );
+    tokio::time::sleep_until((reset + window).into()).await;
     let mut counted = Vec::new();
     {
         let mut admin = svc.admin().await?;
@@ -388,11 +402,13 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     let mut expired = Vec::new();
     for db in &dbs {
         let mut conn = AsyncPgConnection::establish(&svc.url_of(db)).await?;
-        expired.push(crate::support::count(
-            &mut conn,
-            "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
-        )
-        .await? as u64);
+        expired.push(
+            crate::support::count(
+                &mut conn,
+                "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
+            )
+            .await? as u64,
+        );
     }
     for instance in instances {
         instance.stop().await;
@@ -474,7 +490,7 @@ pub struct DeadlineToKafka {
 pub async fn deadline_to_kafka(svc: &Services, quick: bool) -> Result<DeadlineToKafka> {
     let load = Load::kafka(quick);
     progress!(
-        "9. deadline -> record on Kafka: {} bookings over {:.0} s, binary `run` with the defaults",
+        "8. deadline -> record on Kafka: {} bookings over {:.0} s, binary `run` with the defaults",
         load.bookings,
         load.spread_s
     );
