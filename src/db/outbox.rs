@@ -56,20 +56,25 @@ impl OutboxRow {
 /// the claim and the lag count are index scans.
 const CLAIMABLE: &str = "published_at IS NULL AND parked_at IS NULL";
 
+/// The claim statement (`$1` = limit); public for the EXPLAIN test.
+pub fn claim_sql() -> String {
+    format!(
+        "SELECT id, event_id, topic, message_key, payload, headers, created_at \
+         FROM booking_expiration_outbox WHERE {CLAIMABLE} \
+         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    )
+}
+
 /// Locks up to `limit` unpublished, unparked rows, oldest first, skipping
 /// rows another publisher holds. Must run inside the publishing transaction.
 pub async fn claim_unpublished(
     conn: &mut AsyncPgConnection,
     limit: u32,
 ) -> Result<Vec<OutboxRow>, DbError> {
-    Ok(diesel::sql_query(format!(
-        "SELECT id, event_id, topic, message_key, payload, headers, created_at \
-         FROM booking_expiration_outbox WHERE {CLAIMABLE} \
-         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-    ))
-    .bind::<BigInt, _>(i64::from(limit))
-    .load(conn)
-    .await?)
+    Ok(diesel::sql_query(claim_sql())
+        .bind::<BigInt, _>(i64::from(limit))
+        .load(conn)
+        .await?)
 }
 
 /// Marks claimed rows published at `at`.

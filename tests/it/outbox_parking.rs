@@ -215,6 +215,59 @@ async fn a_refused_row_is_parked_kept_listed_and_put_back() {
     assert_eq!(sink.produced().len(), 30);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_skips_parked_rows_through_its_partial_index() {
+    use diesel::{QueryableByName, sql_types::Text};
+    use diesel_async::RunQueryDsl;
+    let db = TestDb::new().await;
+    // 20,000 published rows, 2,000 parked, 50 waiting: the claim must read
+    // the 50 through the partial index, not walk past the others.
+    db.exec_sql(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, \
+            created_at, published_at, parked_at, park_reason) \
+         SELECT gen_random_uuid(), 't', g::text, '\\x00', '{}', gen_random_uuid(), \
+                gen_random_uuid(), now(), \
+                CASE WHEN g <= 20000 THEN now() END, \
+                CASE WHEN g > 20000 AND g <= 22000 THEN now() END, \
+                CASE WHEN g > 20000 AND g <= 22000 THEN 'MESSAGE_TOO_LARGE: test' END \
+         FROM generate_series(1, 22050) AS g",
+    )
+    .await;
+    db.exec_sql("ANALYZE booking_expiration_outbox").await;
+    #[derive(QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let mut conn = db.conn().await;
+    let plan: Vec<Plan> = diesel::sql_query(format!("EXPLAIN {}", outbox::claim_sql()))
+        .bind::<diesel::sql_types::BigInt, _>(100_i64)
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let text: Vec<String> = plan.into_iter().map(|p| p.line).collect();
+    assert!(
+        text.iter()
+            .any(|l| l.contains("ix_booking_expiration_outbox_unpublished")),
+        "{}",
+        text.join("\n")
+    );
+    assert!(
+        !text.iter().any(|l| l.contains("Seq Scan")),
+        "{}",
+        text.join("\n")
+    );
+    let claimed = outbox::claim_unpublished(&mut conn, 100).await.unwrap();
+    assert_eq!(
+        claimed.len(),
+        50,
+        "parked and published rows are not claimed"
+    );
+    let stats = outbox::stats(&mut conn).await.unwrap();
+    assert_eq!((stats.unpublished, stats.parked), (50, 2000));
+}
+
 // ---- against the real broker ----
 
 /// Creates a topic with `partitions` partitions and topic configs
