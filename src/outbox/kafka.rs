@@ -583,3 +583,78 @@ impl Sink for KafkaSink {
         Self::new(self.settings.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rskafka::client::error::RequestContext;
+
+    use super::*;
+
+    fn server(protocol_error: ProtocolError) -> KafkaError {
+        KafkaError::Request {
+            operation: "produce",
+            source: ClientError::ServerError {
+                protocol_error,
+                error_message: None,
+                request: RequestContext::Partition("t".into(), 0),
+                response: None,
+                is_virtual: false,
+            },
+        }
+    }
+
+    #[test]
+    fn error_codes_carry_kafka_names() {
+        assert_eq!(
+            server(ProtocolError::MessageTooLarge).code(),
+            "MESSAGE_TOO_LARGE"
+        );
+        assert_eq!(
+            server(ProtocolError::NotEnoughReplicas).code(),
+            "NOT_ENOUGH_REPLICAS"
+        );
+        assert_eq!(
+            server(ProtocolError::NotLeaderOrFollower).code(),
+            "NOT_LEADER_OR_FOLLOWER"
+        );
+        assert_eq!(
+            server(ProtocolError::Unknown(999)).code(),
+            "UNKNOWN_CODE_999"
+        );
+        let timeout = KafkaError::Timeout {
+            operation: "produce",
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(timeout.code(), "CLIENT_TIMEOUT");
+    }
+
+    #[test]
+    fn only_errors_about_the_records_are_refusals() {
+        for permanent in [
+            ProtocolError::MessageTooLarge,
+            ProtocolError::RecordListTooLarge,
+            ProtocolError::InvalidRecord,
+            ProtocolError::CorruptMessage,
+        ] {
+            assert_eq!(server(permanent).refusal(), Some(permanent));
+        }
+        for retriable in [
+            ProtocolError::NotLeaderOrFollower,
+            ProtocolError::LeaderNotAvailable,
+            ProtocolError::NotEnoughReplicas,
+            ProtocolError::NotEnoughReplicasAfterAppend,
+            ProtocolError::RequestTimedOut,
+            ProtocolError::ThrottlingQuotaExceeded,
+            ProtocolError::NetworkException,
+            ProtocolError::UnknownTopicOrPartition,
+            ProtocolError::TopicAuthorizationFailed,
+        ] {
+            assert_eq!(server(retriable).refusal(), None, "{retriable:?}");
+        }
+        let timeout = KafkaError::Timeout {
+            operation: "produce",
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(timeout.refusal(), None);
+    }
+}
