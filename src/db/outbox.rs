@@ -32,6 +32,23 @@ pub struct OutboxRow {
 }
 
 impl OutboxRow {
+    /// Why this row cannot be sent as a Kafka record, if it cannot: the
+    /// worker writes a non-empty topic and a JSON object of headers, so
+    /// anything else is a corrupt row, parked rather than sent without its
+    /// `ce_*` headers.
+    pub fn defect(&self) -> Option<String> {
+        if self.topic.is_empty() {
+            return Some("the row has an empty topic".to_owned());
+        }
+        if !self.headers.is_object() {
+            return Some(format!(
+                "the row's headers are not a JSON object: {}",
+                truncate(&self.headers.to_string(), 80)
+            ));
+        }
+        None
+    }
+
     /// Header name → bytes; non-string JSON values (never written by the
     /// worker) are sent as their JSON text rather than dropped.
     pub fn header_pairs(&self) -> Vec<(String, Vec<u8>)> {
@@ -48,6 +65,14 @@ impl OutboxRow {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+}
+
+/// At most `max` characters of `text`.
+fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
     }
 }
 

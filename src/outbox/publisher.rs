@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backoff, KafkaSink,
-    sink::{Delivery, OutgoingRecord, Sink, SinkError},
+    sink::{Delivery, OutgoingRecord, Refusal, Sink, SinkError},
 };
 use crate::{
     clock::Clock,
@@ -36,6 +36,9 @@ const DRAIN_BUDGET: Duration = Duration::from_secs(5);
 pub const BROKER_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// How often the broker is checked while it is unready.
 pub const BROKER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The park reason's code for a row that cannot be turned into a record.
+pub const CORRUPT_ROW: &str = "CORRUPT_ROW";
 
 /// Errors of one publishing round.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +173,16 @@ impl<S: Sink> Publisher<S> {
                 // The broker rejects timestamps far from its own clock, so the
                 // record carries the publish time; the event time is `ce_time`.
                 let produced_at = self.clock.now();
+                let mut deliveries = vec![Delivery::Pending; claimed];
                 for (index, row) in rows.into_iter().enumerate() {
+                    // A row that cannot become a record is parked, not sent.
+                    if let Some(defect) = row.defect() {
+                        deliveries[index] = Delivery::Refused(Refusal {
+                            code: CORRUPT_ROW.to_owned(),
+                            message: defect,
+                        });
+                        continue;
+                    }
                     let headers = row.header_pairs().into_iter().collect();
                     let (indexes, records) = by_topic.entry(row.topic).or_default();
                     indexes.push(index);
@@ -182,7 +194,6 @@ impl<S: Sink> Publisher<S> {
                     });
                 }
                 let started = Instant::now();
-                let mut deliveries = vec![Delivery::Pending; claimed];
                 let mut error = None;
                 for (topic, (indexes, records)) in by_topic {
                     let produced = sink.produce(&topic, records).await;

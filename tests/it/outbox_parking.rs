@@ -216,6 +216,35 @@ async fn a_refused_row_is_parked_kept_listed_and_put_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_cannot_become_a_record_is_parked_not_sent() {
+    let db = TestDb::new().await;
+    expire_into_outbox(&db, 10, "t").await;
+    db.exec_sql(
+        "UPDATE booking_expiration_outbox SET headers = '[1, 2]' \
+         WHERE id = (SELECT min(id) + 3 FROM booking_expiration_outbox)",
+    )
+    .await;
+    let sink = MemorySink::new();
+    let rig = rig(
+        &db,
+        sink.clone(),
+        settings(100, Duration::from_secs(3600)),
+        "t",
+    );
+    assert_eq!(rig.publisher.publish_batch().await.unwrap(), 9);
+    assert_eq!(sink.produced().len(), 9, "the corrupt row is not sent");
+    assert_eq!((claimable(&db).await, parked(&db).await), (0, 1));
+    let status = app::status(&db.settings).await.unwrap();
+    assert!(
+        status.parked[0]
+            .reason
+            .starts_with("CORRUPT_ROW: the row's headers are not a JSON object"),
+        "{}",
+        status.parked[0].reason
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_skips_parked_rows_through_its_partial_index() {
     use diesel::{QueryableByName, sql_types::Text};
     use diesel_async::RunQueryDsl;
