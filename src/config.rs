@@ -20,6 +20,7 @@
 mod cli;
 pub mod defaults;
 pub mod parse;
+pub mod pg_tls;
 
 use std::{fmt, net::SocketAddr, time::Duration};
 
@@ -203,11 +204,20 @@ fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
     })
 }
 
-/// A PostgreSQL URL that never prints its password.
+/// A PostgreSQL URL that never prints its password, with libpq's TLS
+/// parameters taken out of it ([`pg_tls`]).
 #[derive(Clone, PartialEq, Eq)]
-pub struct DatabaseUrl(String);
+pub struct DatabaseUrl {
+    raw: String,
+    /// The URL for tokio-postgres: `raw` without the libpq TLS parameters.
+    connect: String,
+    tls: pg_tls::PgTls,
+}
 
 impl DatabaseUrl {
+    /// Parses the URL and its TLS parameters, and reads the certificate and
+    /// key files they name once: a bad file is a configuration error at
+    /// start.
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
         const SETTING: &str = "DATABASE_URL";
         let raw = raw.trim();
@@ -229,17 +239,53 @@ impl DatabaseUrl {
         if url.host_str().is_none_or(str::is_empty) {
             return Err(ConfigError::new(SETTING, "has no host"));
         }
-        Ok(Self(raw.to_owned()))
+        let (connect, tls) =
+            pg_tls::split_url(raw).map_err(|problem| ConfigError::new(SETTING, problem))?;
+        // tokio-postgres's errors name the option, never its value (for a
+        // URL; its key=value form, which may quote a character, is not
+        // accepted above).
+        connect.parse::<tokio_postgres::Config>().map_err(|e| {
+            let cause =
+                std::error::Error::source(&e).map_or_else(String::new, |c| format!(" ({c})"));
+            ConfigError::new(SETTING, format!("{e}{cause}"))
+        })?;
+        if tls.mode.requires_tls() && !crate::db::tls::cpu_supported() {
+            return Err(ConfigError::new(
+                SETTING,
+                format!(
+                    "sslmode={} needs TLS, and this CPU cannot run the TLS library \
+                     (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)",
+                    tls.mode
+                ),
+            ));
+        }
+        crate::db::tls::validate(&tls).map_err(|e| ConfigError::new(SETTING, e.to_string()))?;
+        Ok(Self {
+            raw: raw.to_owned(),
+            connect,
+            tls,
+        })
     }
 
-    /// The full URL, password included: only for connecting.
+    /// The full URL, password and TLS parameters included.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.raw
+    }
+
+    /// The URL tokio-postgres connects with (password included, libpq's
+    /// TLS parameters taken out).
+    pub fn connect_url(&self) -> &str {
+        &self.connect
+    }
+
+    /// The TLS settings of the URL.
+    pub fn tls(&self) -> &pg_tls::PgTls {
+        &self.tls
     }
 
     /// The URL with the password replaced, for logs.
     pub fn redacted(&self) -> String {
-        match url::Url::parse(&self.0) {
+        match url::Url::parse(&self.raw) {
             Ok(mut url) => {
                 if url.password().is_some() {
                     let _ = url.set_password(Some("***"));
@@ -524,6 +570,27 @@ mod tests {
             assert!(!err.to_string().contains("s3cret"), "{err}");
         }
         let url = DatabaseUrl::parse("postgres://u:s3cret@h:5432/db").unwrap();
+        assert!(!format!("{url:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn database_url_parameters_tokio_postgres_refuses_are_named() {
+        let err = DatabaseUrl::parse("postgres://u:s3cret@h/db?sslsni=1").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "DATABASE_URL: invalid connection string (unknown option `sslsni`)"
+        );
+        let err =
+            DatabaseUrl::parse("postgres://u:s3cret@h/db?connect_timeout=s3cret").unwrap_err();
+        assert!(err.problem.contains("`connect_timeout`"), "{err}");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        let url =
+            DatabaseUrl::parse("postgres://u:s3cret@h/db?sslmode=verify-full&application_name=x")
+                .unwrap();
+        assert_eq!(
+            url.connect_url(),
+            "postgres://u:s3cret@h/db?application_name=x"
+        );
         assert!(!format!("{url:?}").contains("s3cret"));
     }
 

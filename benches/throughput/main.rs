@@ -4,7 +4,9 @@
 //! this program starts itself. Writes `results.json` and `scaling.svg`
 //! (default folder `docs/bench`, or `BENCH_OUT`) and prints the tables.
 //! `BENCH_QUICK=1` runs fewer repetitions and writes to a temporary folder
-//! unless `BENCH_OUT` is set. `BENCH_RENDER_ONLY=path/to/results.json`
+//! unless `BENCH_OUT` is set. `BENCH_ONLY=lateness,statements` measures only
+//! those figures and keeps the others of the `results.json` it replaces.
+//! `BENCH_RENDER_ONLY=path/to/results.json`
 //! measures nothing: it prints the tables of that file. See
 //! docs/benchmarks.md.
 //!
@@ -32,8 +34,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::Result;
-use figures::{end_to_end, expiry, idle, profile, publisher};
+use anyhow::{Context, Result};
+use figures::{deadline_wake, end_to_end, expiry, idle, profile, publisher};
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
 use templates::{Backlog, Templates};
@@ -45,7 +47,7 @@ async fn main() {
     if std::env::args().skip(1).any(|a| a != "--bench") {
         eprintln!(
             "usage: cargo bench --bench throughput   (BENCH_QUICK=1 for fewer repetitions, BENCH_OUT=DIR, \
-             BENCH_RENDER_ONLY=results.json to print the tables of a run)"
+             BENCH_ONLY=figure,... to measure only those, BENCH_RENDER_ONLY=results.json to print the tables of a run)"
         );
         std::process::exit(2);
     }
@@ -83,12 +85,40 @@ async fn postgresql_settings(svc: &Services) -> Result<BTreeMap<String, String>>
     Ok(settings)
 }
 
-/// Measures every figure (in an order that keeps the profile pass, which
-/// restarts PostgreSQL, last), writes `results.json` and `scaling.svg`,
-/// and prints the tables.
+/// The figures `BENCH_ONLY` selects (all when unset or empty).
+fn selected_figures() -> Result<Vec<&'static str>> {
+    let Some(list) = std::env::var("BENCH_ONLY")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    else {
+        return Ok(results::FIGURES.to_vec());
+    };
+    let mut out = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let figure = results::FIGURES
+            .into_iter()
+            .find(|f| *f == name)
+            .with_context(|| {
+                format!(
+                    "BENCH_ONLY: unknown figure {name:?}; figures: {}",
+                    results::FIGURES.join(",")
+                )
+            })?;
+        out.push(figure);
+    }
+    Ok(out)
+}
+
+/// Measures the selected figures (in an order that keeps the passes with
+/// `pg_stat_statements`, which restart PostgreSQL, last), writes
+/// `results.json` (over the previous one's other figures when `BENCH_ONLY`
+/// limits the run) and `scaling.svg`, and prints the tables.
 async fn run() -> Result<()> {
     let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let mode = if quick { "quick" } else { "full" };
+    let only = selected_figures()?;
+    let partial = only.len() < results::FIGURES.len();
+    let wants = |figure: &str| only.contains(&figure);
     let out_dir = match std::env::var_os("BENCH_OUT") {
         Some(dir) => PathBuf::from(dir),
         None if quick => std::env::temp_dir().join("booking-expiration-bench-quick"),
@@ -97,7 +127,8 @@ async fn run() -> Result<()> {
     std::fs::create_dir_all(&out_dir)?;
     let load_start = loadavg();
     progress!(
-        "mode {mode}, results to {}, load average {:.2} {:.2} {:.2}",
+        "mode {mode}, figures {}, results to {}, load average {:.2} {:.2} {:.2}",
+        only.join(","),
         out_dir.display(),
         load_start[0],
         load_start[1],
@@ -106,47 +137,103 @@ async fn run() -> Result<()> {
     let svc = Services::start()?;
     let postgresql = postgresql_settings(&svc).await?;
     create_topic(&svc, figures::TOPIC, 3).await?;
-    let templates = Templates::seed(&svc).await?;
-    let ten_k = templates.backlog(Backlog::TenK);
+    let seeded = [
+        "expiry",
+        "idle",
+        "publisher",
+        "end_to_end",
+        "scaling",
+        "profile",
+    ];
+    let templates = if seeded.iter().any(|f| wants(f)) {
+        Some(Templates::seed(&svc).await?)
+    } else {
+        None
+    };
+    let templates = || templates.as_ref().context("templates seeded");
 
     let mut comparisons = BTreeMap::new();
-    progress!(
-        "1. expiry throughput, 10k due among {} rows, batch 200",
-        ten_k.template.rows
-    );
-    comparisons.insert(
-        expiry::HEADLINE.key.to_owned(),
-        expiry::measure(&svc, &templates, &expiry::HEADLINE, quick).await?,
-    );
-
-    progress!("3. idle cycle over {} bookings", templates.t1m.rows);
-    let idle_cycle = idle::measure(&svc, &templates.t1m, figures::reps(quick, 30)).await?;
-
-    let publisher = publisher::measure(&svc, &ten_k, quick).await?;
-
-    let end_to_end = end_to_end::measure(&svc, &ten_k, quick).await?;
-    let binary = end_to_end::Binary::measure()?;
-
-    progress!("2. scaling: instances, batch sizes, due rows, table size");
-    for config in &expiry::SCALING {
+    if wants("expiry") {
+        let ten_k = templates()?.backlog(Backlog::TenK);
+        progress!(
+            "1. expiry throughput, 10k due among {} rows, batch 200",
+            ten_k.template.rows
+        );
         comparisons.insert(
-            config.key.to_owned(),
-            expiry::measure(&svc, &templates, config, quick).await?,
+            expiry::HEADLINE.key.to_owned(),
+            expiry::measure(&svc, templates()?, &expiry::HEADLINE, quick).await?,
         );
     }
 
-    // pg_stat_statements is loaded from here on: no timed figure follows.
-    let profile = profile::measure(&svc, &ten_k).await?;
+    let mut idle_cycle = None;
+    if wants("idle") {
+        let t1m = &templates()?.t1m;
+        progress!("3. idle cycle over {} bookings", t1m.rows);
+        idle_cycle = Some(idle::measure(&svc, t1m, figures::reps(quick, 30)).await?);
+    }
 
-    let results = Results {
-        command: if quick {
-            "BENCH_QUICK=1 cargo bench --bench throughput"
-        } else {
-            "cargo bench --bench throughput"
+    let mut publisher = None;
+    if wants("publisher") {
+        let ten_k = templates()?.backlog(Backlog::TenK);
+        publisher = Some(publisher::measure(&svc, &ten_k, quick).await?);
+    }
+
+    let mut end_to_end = None;
+    if wants("end_to_end") {
+        let ten_k = templates()?.backlog(Backlog::TenK);
+        end_to_end = Some(end_to_end::measure(&svc, &ten_k, quick).await?);
+    }
+    let binary = end_to_end::Binary::measure()?;
+
+    if wants("scaling") {
+        progress!("2. scaling: instances, batch sizes, due rows, table size");
+        for config in &expiry::SCALING {
+            comparisons.insert(
+                config.key.to_owned(),
+                expiry::measure(&svc, templates()?, config, quick).await?,
+            );
         }
-        .into(),
+    }
+
+    // Deadline wake-up: the timed ones before pg_stat_statements is loaded.
+    let lateness = match wants("lateness") {
+        true => Some(deadline_wake::lateness(&svc, quick).await?),
+        false => None,
+    };
+    let deadline_to_kafka = match wants("deadline_to_kafka") {
+        true => Some(deadline_wake::deadline_to_kafka(&svc, quick).await?),
+        false => None,
+    };
+    // pg_stat_statements is loaded from here on: no timed figure follows.
+    let statements = match wants("statements") {
+        true => Some(deadline_wake::statements(&svc, quick).await?),
+        false => None,
+    };
+    let profile = match wants("profile") {
+        true => {
+            let ten_k = templates()?.backlog(Backlog::TenK);
+            Some(profile::measure(&svc, &ten_k).await?)
+        }
+        false => None,
+    };
+
+    let finished_at = crate::support::wall_now().to_rfc3339();
+    let stamp = results::Stamp {
+        finished_at: finished_at.clone(),
         mode: mode.into(),
-        finished_at: crate::support::wall_now().to_rfc3339(),
+    };
+    let mut command = String::new();
+    if quick {
+        command.push_str("BENCH_QUICK=1 ");
+    }
+    if partial {
+        command.push_str(&format!("BENCH_ONLY={} ", only.join(",")));
+    }
+    command.push_str("cargo bench --bench throughput");
+    let mut results = Results {
+        command,
+        mode: mode.into(),
+        finished_at,
         duration_s: support::elapsed_s(),
         machine: Machine {
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -154,20 +241,39 @@ async fn run() -> Result<()> {
             loadavg_at_end: loadavg(),
         },
         postgresql,
+        measured: only
+            .iter()
+            .map(|f| ((*f).to_owned(), stamp.clone()))
+            .collect(),
         expiry: comparisons,
         idle_cycle,
         publisher,
         end_to_end,
         binary,
+        lateness,
+        deadline_to_kafka,
+        statements,
         profile_pg_stat_statements: profile,
     };
     let json_path = out_dir.join("results.json");
+    if partial && json_path.exists() {
+        progress!(
+            "BENCH_ONLY: keeping the other figures of {}",
+            json_path.display()
+        );
+        results = results.merged_over(Results::read(&json_path)?);
+    }
     results.write(&json_path)?;
     println!();
     print!("{}", render::report(&results));
-    let svg_path = out_dir.join("scaling.svg");
-    scaling::draw(&results, &svg_path)?;
-    progress!("wrote {} and {}", json_path.display(), svg_path.display());
+    if wants("expiry") || wants("idle") || wants("scaling") {
+        let svg_path = out_dir.join("scaling.svg");
+        match scaling::draw(&results, &svg_path) {
+            Ok(()) => progress!("wrote {}", svg_path.display()),
+            Err(error) => progress!("scaling.svg not drawn: {error:#}"),
+        }
+    }
+    progress!("wrote {}", json_path.display());
     drop(svc);
     Ok(())
 }

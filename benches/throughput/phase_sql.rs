@@ -70,3 +70,43 @@ SELECT event_id, $4, id::text,
         partial_index,
     }
 }
+
+/// Bookings `0..$1` in the active statuses in turn (all phases), with
+/// deadlines spread evenly (jittered within each slot) over `$3` seconds
+/// from `$2`, in the phase of their status: a first-phase row has that
+/// phase's deadline and the second a week later; a second-phase row only
+/// the second. Every row has a deal and a property object (no poison).
+pub fn spread_insert_sql() -> String {
+    let [first, second] = Phase::ALL.map(Phase::deadline_field);
+    let active: Vec<String> = Phase::all_active_statuses()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    let first_phase: Vec<String> = Phase::ALL[0]
+        .active_statuses()
+        .iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect();
+    format!(
+        "INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
+                      {first}, {second}, created_at, updated_at, version)
+SELECT gen_random_uuid(), '00000000-0000-4000-8000-000000000001'::uuid,
+       gen_random_uuid(), gen_random_uuid(), s.status,
+       CASE WHEN s.status IN ({first_phase}) THEN d.deadline END,
+       CASE WHEN s.status IN ({first_phase}) THEN d.deadline + interval '7 days' ELSE d.deadline END,
+       now(), now(), 1
+  FROM generate_series(0, $1::bigint - 1) AS i
+ CROSS JOIN LATERAL (SELECT (ARRAY[{active}])[1 + (i % {n})::int] AS status) s
+ CROSS JOIN LATERAL (SELECT $2::timestamptz
+                            + make_interval(secs => $3::float8 * (i + random()) / $1::bigint) AS deadline) d",
+        first_phase = first_phase.join(", "),
+        active = active.join(", "),
+        n = active.len(),
+    )
+}
+
+/// The deadline a row of [`spread_insert_sql`] expires at: its first
+/// phase's deadline if it has one, else the second's.
+pub fn due_deadline_expr() -> String {
+    let [first, second] = Phase::ALL.map(Phase::deadline_field);
+    format!("coalesce({first}, {second})")
+}

@@ -7,7 +7,13 @@
 use std::fmt::Write as _;
 
 use crate::{
-    figures::expiry::{self, Comparison},
+    figures::{
+        deadline_wake::{DeadlineToKafka, Lateness, Mode, Statements},
+        end_to_end::EndToEnd,
+        expiry::{self, Comparison},
+        profile::ProfileRun,
+        publisher::PublisherFigure,
+    },
     results::Results,
     support::{Stat, num},
 };
@@ -24,6 +30,10 @@ const END_TO_END_GOAL_S: f64 = 60.0;
 /// wake-up on commit can explain it.
 const P99_GOAL_MS: f64 = 10_000.0;
 const RSS_GOAL_MIB: f64 = 64.0;
+/// Deadline-driven lateness p99 (issue 16: within 1 s of the deadline).
+const LATENESS_P99_GOAL_S: f64 = 1.0;
+/// Deadline → record on Kafka p99 (issue 16: about a second more).
+const KAFKA_P99_GOAL_S: f64 = 2.0;
 
 /// Everything, in the order a run prints it.
 pub fn report(r: &Results) -> String {
@@ -38,19 +48,47 @@ pub fn report(r: &Results) -> String {
     out
 }
 
-/// One line: when, where, with which PostgreSQL.
+/// One line: when, where, with which PostgreSQL; then, when `BENCH_ONLY`
+/// kept figures of earlier runs, which run measured which figure.
 pub fn header(r: &Results) -> String {
     let pg = |name: &str| r.postgresql.get(name).map_or("?", String::as_str);
-    format!(
+    let short = |t: &str| t.get(..19).unwrap_or(t).to_owned();
+    let mut out = format!(
         "Run finished {}Z, {} mode, {} cores, PostgreSQL {}, fsync={}, synchronous_commit={}, shared_buffers={}.\n",
-        r.finished_at.get(..19).unwrap_or(&r.finished_at),
+        short(&r.finished_at),
         r.mode,
         r.machine.cores,
         pg("server_version"),
         pg("fsync"),
         pg("synchronous_commit"),
         pg("shared_buffers"),
-    )
+    );
+    let earlier: Vec<String> = r
+        .measured
+        .iter()
+        .filter(|(_, stamp)| stamp.finished_at != r.finished_at)
+        .map(|(figure, stamp)| {
+            format!(
+                "{figure} ({} run {}Z)",
+                stamp.mode,
+                short(&stamp.finished_at)
+            )
+        })
+        .collect();
+    if !earlier.is_empty() {
+        let _ = writeln!(
+            out,
+            "This run measured {}; kept from earlier runs (`BENCH_ONLY`): {}.",
+            r.measured
+                .iter()
+                .filter(|(_, stamp)| stamp.finished_at == r.finished_at)
+                .map(|(figure, _)| figure.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            earlier.join(", ")
+        );
+    }
+    out
 }
 
 /// The expiry figures in table order (any unknown key last, by key).
@@ -104,17 +142,62 @@ pub fn figures_table(r: &Results) -> String {
             load: c.loadavg_at_start,
         });
     }
-    let idle = &r.idle_cycle;
+    if let Some(idle) = &r.idle_cycle {
+        rows.push(Row {
+            figure: format!("idle cycle (0 due) over {} bookings", idle.table_rows),
+            project: fixed(&idle.ms, 2, "ms"),
+            baseline: "-".into(),
+            ratio: "-".into(),
+            goal: format!("<= {IDLE_GOAL_MS} ms, partial indexes used"),
+            met: met(idle.ms.median <= IDLE_GOAL_MS && idle.partial_indexes_used),
+            load: idle.loadavg_at_start,
+        });
+    }
+    if let Some(p) = &r.publisher {
+        publisher_rows(p, &mut rows);
+    }
+    if let Some(e) = &r.end_to_end {
+        end_to_end_rows(e, &mut rows);
+    }
     rows.push(Row {
-        figure: format!("idle cycle (0 due) over {} bookings", idle.table_rows),
-        project: fixed(&idle.ms, 2, "ms"),
+        figure: "release binary size (bench profile = release: thin LTO, stripped)".into(),
+        project: format!("{:.2} MiB", r.binary.bytes as f64 / 1048576.0),
         baseline: "-".into(),
         ratio: "-".into(),
-        goal: format!("<= {IDLE_GOAL_MS} ms, partial indexes used"),
-        met: met(idle.ms.median <= IDLE_GOAL_MS && idle.partial_indexes_used),
-        load: idle.loadavg_at_start,
+        goal: "-".into(),
+        met: "-".into(),
+        load: r.machine.loadavg_at_end,
     });
-    let p = &r.publisher;
+    if let Some(l) = &r.lateness {
+        lateness_rows(l, &mut rows);
+    }
+    if let Some(k) = &r.deadline_to_kafka {
+        deadline_to_kafka_rows(k, &mut rows);
+    }
+    if let Some(s) = &r.statements {
+        statements_rows(s, &mut rows);
+    }
+
+    let mut out = String::new();
+    out.push_str("| figure | project (min / median / max) | baseline (min / median / max) | ratio (median) | goal | met | load 1/5/15 |\n");
+    out.push_str("|---|---|---|---|---|---|---|\n");
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.figure,
+            r.project,
+            r.baseline,
+            r.ratio,
+            r.goal,
+            r.met,
+            load(&r.load)
+        );
+    }
+    out
+}
+
+fn publisher_rows(p: &PublisherFigure, rows: &mut Vec<Row>) {
     rows.push(Row {
         figure: format!(
             "publisher {} rows, batch {}, events/s vs DB-only claim+mark",
@@ -157,7 +240,9 @@ pub fn figures_table(r: &Results) -> String {
         met: "-".into(),
         load: p.loadavg_at_start,
     });
-    let e = &r.end_to_end;
+}
+
+fn end_to_end_rows(e: &EndToEnd, rows: &mut Vec<Row>) {
     let plain = |figure: String, project: String, goal: Option<(String, bool)>| Row {
         figure,
         project,
@@ -202,32 +287,115 @@ pub fn figures_table(r: &Results) -> String {
             e.peak_rss_mib.max < RSS_GOAL_MIB,
         )),
     ));
-    rows.push(Row {
-        load: r.machine.loadavg_at_end,
-        ..plain(
-            "release binary size (bench profile = release: thin LTO, stripped)".into(),
-            format!("{:.2} MiB", r.binary.bytes as f64 / 1048576.0),
-            None,
-        )
-    });
+}
 
-    let mut out = String::new();
-    out.push_str("| figure | project (min / median / max) | baseline (min / median / max) | ratio (median) | goal | met | load 1/5/15 |\n");
-    out.push_str("|---|---|---|---|---|---|---|\n");
-    for r in rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            r.figure,
-            r.project,
-            r.baseline,
-            r.ratio,
-            r.goal,
-            r.met,
-            load(&r.load)
-        );
+fn secs3(v: f64) -> String {
+    format!("{v:.3} s")
+}
+
+/// Figure 7: the same spread of deadlines, both modes at the same time.
+fn lateness_rows(l: &Lateness, rows: &mut Vec<Row>) {
+    let (d, f) = (&l.deadline_driven, &l.fixed);
+    let what = format!(
+        "{} deadlines over {:.0} s, interval {:.0} s, binary `run`",
+        num(l.load.bookings as f64),
+        l.load.spread_s,
+        l.interval_s
+    );
+    let row = |figure: String, project: f64, baseline: f64, goal: Option<(String, bool)>| Row {
+        figure,
+        project: format!("deadline-driven {}", secs3(project)),
+        baseline: format!("fixed {}", secs3(baseline)),
+        ratio: format!("{:.3}x", project / baseline),
+        goal: goal.as_ref().map_or("-".into(), |(g, _)| g.clone()),
+        met: goal.map_or("-".into(), |(_, ok)| met(ok)),
+        load: l.loadavg_at_start,
+    };
+    rows.push(row(
+        format!("lateness (expired_at - deadline) p50, {what}"),
+        d.p50_s,
+        f.p50_s,
+        None,
+    ));
+    rows.push(row(
+        "lateness p99".into(),
+        d.p99_s,
+        f.p99_s,
+        Some((
+            format!(
+                "<= {LATENESS_P99_GOAL_S} s, none at or before its deadline, none left (issue 16)"
+            ),
+            d.p99_s <= LATENESS_P99_GOAL_S
+                && d.at_or_before_deadline == 0
+                && d.pending == 0
+                && f.at_or_before_deadline == 0,
+        )),
+    ));
+    rows.push(row("lateness max".into(), d.max_s, f.max_s, None));
+}
+
+/// Figure 8: deadline to the record's timestamp on the topic.
+fn deadline_to_kafka_rows(k: &DeadlineToKafka, rows: &mut Vec<Row>) {
+    let row = |figure: String, record: f64, expiry: f64, goal: Option<(String, bool)>| Row {
+        figure,
+        project: secs3(record),
+        baseline: format!("expiry alone {}", secs3(expiry)),
+        ratio: "-".into(),
+        goal: goal.as_ref().map_or("-".into(), |(g, _)| g.clone()),
+        met: goal.map_or("-".into(), |(_, ok)| met(ok)),
+        load: k.loadavg_at_start,
+    };
+    rows.push(row(
+        format!(
+            "deadline -> record on Kafka p50, {} deadlines over {:.0} s, binary `run`, defaults",
+            num(k.load.bookings as f64),
+            k.load.spread_s
+        ),
+        k.record_p50_s,
+        k.expired_p50_s,
+        None,
+    ));
+    rows.push(row(
+        "deadline -> record on Kafka p99".into(),
+        k.record_p99_s,
+        k.expired_p99_s,
+        Some((
+            format!("<= {KAFKA_P99_GOAL_S} s (1 s expiry + about 1 s, issue 16)"),
+            k.record_p99_s <= KAFKA_P99_GOAL_S && k.records == k.load.bookings,
+        )),
+    ));
+}
+
+/// Figure 9: statements per minute, deadline-driven over fixed.
+fn statements_rows(s: &Statements, rows: &mut Vec<Row>) {
+    for instances in [1, 4] {
+        let of = |mode: Mode| {
+            s.runs
+                .iter()
+                .find(|r| r.mode == mode && r.instances == instances)
+        };
+        let (Some(d), Some(f)) = (of(Mode::DeadlineDriven), of(Mode::Fixed)) else {
+            continue;
+        };
+        rows.push(Row {
+            figure: format!(
+                "statements/min against PostgreSQL, {instances} instance{}, {} deadlines over {:.0} s",
+                if instances == 1 { "" } else { "s" },
+                num(s.load.bookings as f64),
+                s.load.spread_s
+            ),
+            project: format!("deadline-driven {}/min", num(d.per_minute)),
+            baseline: format!("fixed {}/min", num(f.per_minute)),
+            ratio: if f.per_minute > 0.0 {
+                format!("{:.1}x", d.per_minute / f.per_minute)
+            } else {
+                "n/a".into()
+            },
+            goal: "-".into(),
+            met: "-".into(),
+            load: s.loadavg_at_start,
+        });
     }
-    out
 }
 
 fn load(l: &[f64; 3]) -> String {
@@ -259,17 +427,38 @@ pub fn raw_numbers(r: &Results) -> String {
             samples(&c.raw_sql_seconds, 3)
         );
     }
-    let idle = &r.idle_cycle;
+    if let Some(idle) = &r.idle_cycle {
+        let _ = writeln!(
+            out,
+            "\nIdle cycle over {} bookings, {} cycles (ms): {}",
+            idle.table_rows,
+            idle.ms.samples.len(),
+            samples(&idle.ms, 2)
+        );
+    }
+    if let Some(p) = &r.publisher {
+        publisher_raw(p, &mut out);
+    }
+    if let Some(e) = &r.end_to_end {
+        end_to_end_raw(e, &mut out);
+    }
+    if let Some(runs) = &r.profile_pg_stat_statements {
+        profile_raw(runs, &mut out);
+    }
+    deadline_wake_raw(r, &mut out);
     let _ = writeln!(
         out,
-        "\nIdle cycle over {} bookings, {} cycles (ms): {}\n",
-        idle.table_rows,
-        idle.ms.samples.len(),
-        samples(&idle.ms, 2)
+        "\nBinary: {} bytes. Run took {:.0} s; load average at start {}, at end {}.",
+        r.binary.bytes,
+        r.duration_s,
+        load(&r.machine.loadavg_at_start),
+        load(&r.machine.loadavg_at_end)
     );
+    out
+}
 
-    let p = &r.publisher;
-    out.push_str("| publisher run | per repetition |\n|---|---|\n");
+fn publisher_raw(p: &PublisherFigure, out: &mut String) {
+    out.push_str("\n| publisher run | per repetition |\n|---|---|\n");
     for (label, stat, decimals) in [
         ("project publisher, events/s", &p.kafka_events_per_s, 0),
         ("DB-only claim + mark, rows/s", &p.db_only_rows_per_s, 0),
@@ -291,13 +480,15 @@ pub fn raw_numbers(r: &Results) -> String {
     ] {
         let _ = writeln!(out, "| {label} | {} |", samples(stat, decimals));
     }
+}
 
+fn end_to_end_raw(e: &EndToEnd, out: &mut String) {
     out.push_str(
         "\n| end-to-end run | wall s | first outbox write after start s | expiry span s \
          | last ack after start s | p50 ms | p99 ms | max ms | VmHWM KiB | clean exit |\n",
     );
     out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
-    for (i, run) in r.end_to_end.runs.iter().enumerate() {
+    for (i, run) in e.runs.iter().enumerate() {
         let _ = writeln!(
             out,
             "| {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} | {} | {} |",
@@ -313,13 +504,15 @@ pub fn raw_numbers(r: &Results) -> String {
             if run.clean_exit { "yes" } else { "no" }
         );
     }
+}
 
+fn profile_raw(runs: &[ProfileRun], out: &mut String) {
     out.push_str(
         "\n| profile run (pg_stat_statements on) | rows | transactions | statements / transaction \
          | wall ms | server exec+plan ms | wall − server ms | client CPU ms | WAL records / booking |\n",
     );
     out.push_str("|---|---|---|---|---|---|---|---|---|\n");
-    for run in &r.profile_pg_stat_statements {
+    for run in runs {
         let _ = writeln!(
             out,
             "| {} batch {} | {} | {} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1} |",
@@ -335,27 +528,94 @@ pub fn raw_numbers(r: &Results) -> String {
             run.wal_records_per_booking
         );
     }
-    let _ = writeln!(
-        out,
-        "\nBinary: {} bytes. Run took {:.0} s; load average at start {}, at end {}.",
-        r.binary.bytes,
-        r.duration_s,
-        load(&r.machine.loadavg_at_start),
-        load(&r.machine.loadavg_at_end)
-    );
-    out
+}
+
+/// Figures 7 to 9 in detail.
+fn deadline_wake_raw(r: &Results, out: &mut String) {
+    if let Some(l) = &r.lateness {
+        out.push_str(
+            "\n| lateness run | bookings | expired | at or before deadline | left | p50 s | p99 s | max s \
+             | all expired after the last deadline, s | clean exit |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        for side in [&l.deadline_driven, &l.fixed] {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.1} | {} |",
+                side.mode.label(),
+                l.load.bookings,
+                side.expired,
+                side.at_or_before_deadline,
+                side.pending,
+                side.p50_s,
+                side.p99_s,
+                side.max_s,
+                side.done_after_last_deadline_s,
+                if side.clean_exit { "yes" } else { "no" }
+            );
+        }
+    }
+    if let Some(k) = &r.deadline_to_kafka {
+        let _ = writeln!(
+            out,
+            "\nDeadline -> Kafka: {} records of {} bookings; deadline -> record timestamp p50 {:.3} s, \
+             p99 {:.3} s, max {:.3} s; deadline -> expired_at p50 {:.3} s, p99 {:.3} s; \
+             deadline -> broker ack (published_at) p50 {:.3} s, p99 {:.3} s; clean exit {}.",
+            k.records,
+            k.load.bookings,
+            k.record_p50_s,
+            k.record_p99_s,
+            k.record_max_s,
+            k.expired_p50_s,
+            k.expired_p99_s,
+            k.acked_p50_s,
+            k.acked_p99_s,
+            if k.clean_exit { "yes" } else { "no" }
+        );
+    }
+    if let Some(s) = &r.statements {
+        out.push_str(
+            "\n| statements run | instances | statements | window s | per minute | expired in window | top statements (calls) |\n\
+             |---|---|---|---|---|---|---|\n",
+        );
+        for run in &s.runs {
+            let top = run
+                .top
+                .iter()
+                .take(4)
+                .map(|(calls, query)| {
+                    let short: String = query.chars().take(60).collect();
+                    format!("{calls} `{}`", short.replace('|', "\\|"))
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.1} | {:.0} | {} of {} | {top} |",
+                run.mode.label(),
+                run.instances,
+                run.statements,
+                run.window_s,
+                run.per_minute,
+                run.expired_in_window,
+                s.load.bookings
+            );
+        }
+    }
 }
 
 /// The idle cycle's plans and what the first repetition of each expiry
 /// figure wrote.
 pub fn plans_and_details(r: &Results) -> String {
-    let mut out = String::from("### Plans of the idle cycle\n\n");
-    for plan in &r.idle_cycle.plans {
-        let _ = writeln!(
-            out,
-            "EXPLAIN (ANALYZE, BUFFERS) {} at as_of with 0 due over {} rows:\n\n```\n{}\n{}\n```\n",
-            plan.name, r.idle_cycle.table_rows, plan.sql, plan.plan
-        );
+    let mut out = String::new();
+    if let Some(idle) = &r.idle_cycle {
+        out.push_str("### Plans of the idle cycle\n\n");
+        for plan in &idle.plans {
+            let _ = writeln!(
+                out,
+                "EXPLAIN (ANALYZE, BUFFERS) {} at as_of with 0 due over {} rows:\n\n```\n{}\n{}\n```\n",
+                plan.name, idle.table_rows, plan.sql, plan.plan
+            );
+        }
     }
     out.push_str("### Details of the expiry figures (first repetition of each side)\n\n");
     for (_, c) in comparisons(r) {

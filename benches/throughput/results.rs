@@ -1,6 +1,8 @@
-//! Everything one run measured, as one typed value: written once to
+//! Everything one run measured, as one typed value: written to
 //! `results.json` at the end of a run, and read back from it to render the
-//! tables again (`BENCH_RENDER_ONLY`).
+//! tables again (`BENCH_RENDER_ONLY`). A run limited by `BENCH_ONLY` keeps
+//! the figures it did not measure from the `results.json` it replaces
+//! ([`Results::merged_over`]); `measured` says which run measured what.
 
 use std::{collections::BTreeMap, path::Path};
 
@@ -8,6 +10,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::figures::{
+    deadline_wake::{DeadlineToKafka, Lateness, Statements},
     end_to_end::{Binary, EndToEnd},
     expiry::Comparison,
     idle::IdleCycle,
@@ -15,7 +18,21 @@ use crate::figures::{
     publisher::PublisherFigure,
 };
 
-/// One run of the bench (the shape of `results.json`).
+/// The figures `BENCH_ONLY` names, in the order a full run measures them.
+pub const FIGURES: [&str; 9] = [
+    "expiry",
+    "idle",
+    "publisher",
+    "end_to_end",
+    "scaling",
+    "lateness",
+    "deadline_to_kafka",
+    "statements",
+    "profile",
+];
+
+/// One run of the bench (the shape of `results.json`). A figure this run
+/// did not measure and no earlier run left is absent.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Results {
     /// The command that ran, for the reader of the file.
@@ -28,17 +45,35 @@ pub struct Results {
     pub machine: Machine,
     /// `current_setting` of the cluster, by name.
     pub postgresql: BTreeMap<String, String>,
+    /// Which run measured each figure (by `BENCH_ONLY` name); absent in
+    /// files written before `BENCH_ONLY`: then the file's own run.
+    #[serde(default)]
+    pub measured: BTreeMap<String, Stamp>,
     /// Figures 1 and 2, by key (`figures::expiry::configs` gives their order).
+    #[serde(default)]
     pub expiry: BTreeMap<String, Comparison>,
     /// Figure 3.
-    pub idle_cycle: IdleCycle,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_cycle: Option<IdleCycle>,
     /// Figure 4.
-    pub publisher: PublisherFigure,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<PublisherFigure>,
     /// Figures 5 and 6.
-    pub end_to_end: EndToEnd,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_to_end: Option<EndToEnd>,
     pub binary: Binary,
+    /// Figure 7: lateness, deadline-driven versus fixed schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lateness: Option<Lateness>,
+    /// Figure 8: deadline → record on Kafka.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_to_kafka: Option<DeadlineToKafka>,
+    /// Figure 9: statements per minute, 1 and 4 instances, both modes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statements: Option<Statements>,
     /// The profile pass.
-    pub profile_pg_stat_statements: Vec<ProfileRun>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile_pg_stat_statements: Option<Vec<ProfileRun>>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -47,6 +82,15 @@ pub struct Machine {
     pub loadavg_at_start: [f64; 3],
     /// Also the load shown for the binary's size, measured last.
     pub loadavg_at_end: [f64; 3],
+}
+
+/// The run that measured a figure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stamp {
+    /// RFC 3339, the run's `finished_at`.
+    pub finished_at: String,
+    /// `full` or `quick`.
+    pub mode: String,
 }
 
 impl Results {
@@ -59,5 +103,52 @@ impl Results {
     pub fn write(&self, path: &Path) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
             .with_context(|| format!("write {}", path.display()))
+    }
+
+    /// The figures (`BENCH_ONLY` names) this value holds.
+    pub fn present(&self) -> Vec<&'static str> {
+        let headline = crate::figures::expiry::HEADLINE.key;
+        let has = |name: &str| match name {
+            "expiry" => self.expiry.contains_key(headline),
+            "scaling" => self.expiry.keys().any(|k| k != headline),
+            "idle" => self.idle_cycle.is_some(),
+            "publisher" => self.publisher.is_some(),
+            "end_to_end" => self.end_to_end.is_some(),
+            "lateness" => self.lateness.is_some(),
+            "deadline_to_kafka" => self.deadline_to_kafka.is_some(),
+            "statements" => self.statements.is_some(),
+            "profile" => self.profile_pg_stat_statements.is_some(),
+            _ => false,
+        };
+        FIGURES.into_iter().filter(|f| has(f)).collect()
+    }
+
+    /// This run's figures over `previous`'s: what this run measured
+    /// replaces, what it did not is kept (expiry figures by key), each
+    /// figure keeping the stamp of the run that measured it.
+    pub fn merged_over(mut self, mut previous: Results) -> Results {
+        if previous.measured.is_empty() {
+            let stamp = Stamp {
+                finished_at: previous.finished_at.clone(),
+                mode: previous.mode.clone(),
+            };
+            for figure in previous.present() {
+                previous.measured.insert(figure.into(), stamp.clone());
+            }
+        }
+        previous.measured.append(&mut self.measured);
+        self.measured = previous.measured;
+        previous.expiry.append(&mut self.expiry);
+        self.expiry = previous.expiry;
+        self.idle_cycle = self.idle_cycle.or(previous.idle_cycle);
+        self.publisher = self.publisher.or(previous.publisher);
+        self.end_to_end = self.end_to_end.or(previous.end_to_end);
+        self.lateness = self.lateness.or(previous.lateness);
+        self.deadline_to_kafka = self.deadline_to_kafka.or(previous.deadline_to_kafka);
+        self.statements = self.statements.or(previous.statements);
+        self.profile_pg_stat_statements = self
+            .profile_pg_stat_statements
+            .or(previous.profile_pg_stat_statements);
+        self
     }
 }

@@ -28,6 +28,10 @@ pub fn draw(r: &Results, path: &Path) -> Result<()> {
             .with_context(|| format!("{k} not in the results"))
     };
     let h = by_key("expiry_10k_b200_x1")?;
+    let idle = r
+        .idle_cycle
+        .as_ref()
+        .context("idle_cycle not in the results")?;
     let big = by_key("expiry_100k_b200_x1")?;
     let wide = by_key("expiry_1m_10k_b200_x1")?;
     let per_row_us = |c: &Comparison, s: &Stat| s.median * 1e6 / c.due as f64;
@@ -77,7 +81,7 @@ pub fn draw(r: &Results, path: &Path) -> Result<()> {
                     "worker",
                     plot::PROJECT,
                     vec![
-                        (0.0, r.idle_cycle.ms.median / 1e3),
+                        (0.0, idle.ms.median / 1e3),
                         (h.due as f64, h.worker_seconds.median),
                         (big.due as f64, big.worker_seconds.median),
                     ],

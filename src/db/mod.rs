@@ -7,6 +7,7 @@ pub mod migrate;
 pub mod outbox;
 mod pool;
 pub mod seed;
+pub mod tls;
 
 pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, probe};
 
@@ -16,9 +17,9 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DbError {
-    #[error("cannot connect to PostgreSQL")]
+    #[error("cannot connect to PostgreSQL at DATABASE_URL")]
     Connect(#[source] diesel::ConnectionError),
-    #[error("no PostgreSQL connection within {0:?}")]
+    #[error("no PostgreSQL connection within {0:?} (DATABASE_URL)")]
     ConnectTimeout(Duration),
     #[error("no pooled PostgreSQL connection: {0}")]
     Pool(String),

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use diesel::ConnectionError;
 use diesel_async::{
-    AsyncConnection, AsyncPgConnection, SimpleAsyncConnection,
+    AsyncPgConnection, SimpleAsyncConnection,
     pooled_connection::{AsyncDieselConnectionManager, ManagerConfig},
 };
 use futures_util::FutureExt;
 
 use super::DbError;
-use crate::config::DatabaseSettings;
+use crate::config::{DatabaseSettings, DatabaseUrl};
 
 pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection<'a> =
@@ -35,8 +35,13 @@ fn session_setup_sql(settings: &DatabaseSettings) -> String {
     )
 }
 
-async fn establish_with(url: &str, setup_sql: &str) -> Result<AsyncPgConnection, ConnectionError> {
-    let mut conn = AsyncPgConnection::establish(url).await?;
+/// Connects as `DATABASE_URL` says (TLS per its libpq parameters, see
+/// [`super::tls`]) and applies the session settings.
+async fn establish_with(
+    url: &DatabaseUrl,
+    setup_sql: &str,
+) -> Result<AsyncPgConnection, ConnectionError> {
+    let mut conn = super::tls::connect(url).await?;
     conn.batch_execute(setup_sql)
         .await
         .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
@@ -49,7 +54,7 @@ pub async fn establish(settings: &DatabaseSettings) -> Result<AsyncPgConnection,
     let setup = session_setup_sql(settings);
     tokio::time::timeout(
         settings.connect_timeout,
-        establish_with(settings.url.expose(), &setup),
+        establish_with(&settings.url, &setup),
     )
     .await
     .map_err(|_| DbError::ConnectTimeout(settings.connect_timeout))?
@@ -73,12 +78,16 @@ pub async fn connect_pool(settings: &DatabaseSettings) -> Result<PgPool, DbError
 pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
     let setup = session_setup_sql(settings);
     let mut config = ManagerConfig::<AsyncPgConnection>::default();
-    config.custom_setup = Box::new(move |url| {
-        let url = url.to_owned();
+    let url = settings.url.clone();
+    // The manager's URL string is not used: each new connection is made
+    // from the parsed URL, its TLS configuration built (and its
+    // certificate files read) again.
+    config.custom_setup = Box::new(move |_| {
+        let url = url.clone();
         let setup = setup.clone();
         async move { establish_with(&url, &setup).await }.boxed()
     });
-    let manager = AsyncDieselConnectionManager::new_with_config(settings.url.expose(), config);
+    let manager = AsyncDieselConnectionManager::new_with_config(settings.url.connect_url(), config);
     bb8::Pool::builder()
         .max_size(settings.pool_size)
         .connection_timeout(settings.connect_timeout)

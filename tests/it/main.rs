@@ -11,6 +11,7 @@ mod expiry_cycle;
 mod faults;
 mod java_consumer;
 mod outbox_parking;
+mod pg_tls;
 mod publisher;
 mod publisher_seams;
 mod schema;

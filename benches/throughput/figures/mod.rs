@@ -3,6 +3,7 @@
 //! (part of [`crate::results::Results`]); none of them prints a table: that
 //! is [`crate::render`]'s job.
 
+pub mod deadline_wake;
 pub mod end_to_end;
 pub mod expiry;
 pub mod idle;

@@ -69,7 +69,16 @@ pub async fn measure(svc: &Services, backlog: &DueSet<'_>) -> Result<Vec<Profile
     Ok(runs)
 }
 
-async fn enable_pg_stat_statements(svc: &Services) -> Result<()> {
+/// Loads `pg_stat_statements` (restarts PostgreSQL: no timed figure may
+/// follow) unless it is loaded already.
+pub async fn enable_pg_stat_statements(svc: &Services) -> Result<()> {
+    if svc
+        .show("shared_preload_libraries")
+        .await?
+        .contains("pg_stat_statements")
+    {
+        return Ok(());
+    }
     // ALTER SYSTEM cannot share a (simple-query) transaction: one at a time.
     svc.admin_exec("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
         .await?;

@@ -1,0 +1,327 @@
+//! libpq's TLS parameters in `DATABASE_URL` (`sslmode`, `sslrootcert`,
+//! `sslcert`, `sslkey`), parsed into [`PgTls`], and the URL that remains for
+//! tokio-postgres, which knows only `sslmode` disable/prefer/require and no
+//! certificate files.
+//!
+//! The mapping follows libpq (PostgreSQL's documentation, "SSL Support",
+//! table "SSL Mode Descriptions"), with two deliberate differences, both
+//! stricter: a certificate or key file that is named but cannot be read is
+//! an error in every mode (libpq silently skips a missing `sslrootcert`
+//! under `prefer`/`require`), and no file is looked for in
+//! `~/.postgresql/` (a container has no such home). See README, "PostgreSQL
+//! TLS".
+
+use std::{fmt, path::PathBuf};
+
+/// libpq's `sslmode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    /// Plaintext only.
+    Disable,
+    /// Plaintext first; TLS only when the server refuses the plaintext
+    /// connection.
+    Allow,
+    /// TLS when the server offers it, else plaintext (libpq's default).
+    Prefer,
+    /// TLS, no certificate check (unless `sslrootcert` is given: then as
+    /// `verify-ca`, as libpq does).
+    Require,
+    /// TLS, the server's chain must lead to a root in `sslrootcert`.
+    VerifyCa,
+    /// As `verify-ca`, and the certificate must name the host connected to.
+    VerifyFull,
+}
+
+impl SslMode {
+    pub const ALL: [SslMode; 6] = [
+        SslMode::Disable,
+        SslMode::Allow,
+        SslMode::Prefer,
+        SslMode::Require,
+        SslMode::VerifyCa,
+        SslMode::VerifyFull,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Whether a connection in this mode fails rather than go without TLS.
+    pub fn requires_tls(self) -> bool {
+        matches!(
+            self,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
+        )
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the trusted roots come from (`sslrootcert`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootCerts {
+    /// Not given: no chain check under `prefer`/`require`; the bundled
+    /// webpki roots (Mozilla's) under `verify-ca`/`verify-full`.
+    Unset,
+    /// `sslrootcert=system`: the bundled webpki roots (the image has no
+    /// system store); as in libpq 16, it makes `verify-full` the default and
+    /// refuses weaker modes.
+    System,
+    /// A PEM file with one or more CA certificates, read for every new
+    /// connection.
+    File(PathBuf),
+}
+
+/// A client certificate for mutual TLS (`sslcert` + `sslkey`, both PEM),
+/// read for every new connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// What the certificate check of the server covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// Nothing (the handshake signatures still are checked).
+    Nothing,
+    /// The chain up to a trusted root, and the validity dates.
+    Chain,
+    /// The chain and the host name.
+    ChainAndName,
+}
+
+/// The TLS settings of `DATABASE_URL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTls {
+    pub mode: SslMode,
+    pub root: RootCerts,
+    pub client: Option<ClientCert>,
+}
+
+impl Default for PgTls {
+    fn default() -> Self {
+        Self {
+            mode: SslMode::Prefer,
+            root: RootCerts::Unset,
+            client: None,
+        }
+    }
+}
+
+impl PgTls {
+    /// The check libpq makes in this mode: `require` (and `prefer`, `allow`)
+    /// check the chain when `sslrootcert` is given.
+    pub fn verify(&self) -> Verify {
+        match (self.mode, &self.root) {
+            (SslMode::VerifyFull, _) => Verify::ChainAndName,
+            (SslMode::VerifyCa, _) => Verify::Chain,
+            (_, RootCerts::Unset) => Verify::Nothing,
+            (_, _) => Verify::Chain,
+        }
+    }
+
+    /// Whether TLS may be used at all.
+    pub fn may_use_tls(&self) -> bool {
+        self.mode != SslMode::Disable
+    }
+}
+
+/// The parameters this module takes out of the URL; everything else goes
+/// to tokio-postgres as it is.
+const TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+
+/// Splits a `postgres://` URL into the URL for tokio-postgres (the libpq
+/// TLS parameters removed, everything else byte for byte) and the TLS
+/// settings. The problem text never contains the URL.
+pub fn split_url(raw: &str) -> Result<(String, PgTls), String> {
+    let (base, query) = match raw.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (raw, None),
+    };
+    let mut kept = Vec::new();
+    let mut mode = None;
+    let mut root = None;
+    let (mut cert, mut key) = (None, None);
+    for segment in query.into_iter().flat_map(|q| q.split('&')) {
+        if segment.is_empty() {
+            continue;
+        }
+        let (name, value) = segment.split_once('=').unwrap_or((segment, ""));
+        let name = percent_decode(name)?;
+        if !TLS_PARAMETERS.contains(&name.as_str()) {
+            kept.push(segment);
+            continue;
+        }
+        // As in libpq and tokio-postgres, a later value wins.
+        let value = percent_decode(value)?;
+        match name.as_str() {
+            "sslmode" => mode = Some(parse_mode(&value)?),
+            "sslrootcert" => root = Some(value),
+            "sslcert" => cert = Some(value),
+            _ => key = Some(value),
+        }
+    }
+    let root = match root.as_deref() {
+        None | Some("") => RootCerts::Unset,
+        Some("system") => RootCerts::System,
+        Some(path) => RootCerts::File(PathBuf::from(path)),
+    };
+    let mode = match (mode, &root) {
+        (None, RootCerts::System) => SslMode::VerifyFull,
+        (Some(mode), RootCerts::System) if mode != SslMode::VerifyFull => {
+            return Err(format!(
+                "sslmode={mode} may not be used with sslrootcert=system (use verify-full, as libpq requires)"
+            ));
+        }
+        (mode, _) => mode.unwrap_or(SslMode::Prefer),
+    };
+    let client = match (
+        cert.filter(|c| !c.is_empty()),
+        key.filter(|k| !k.is_empty()),
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(ClientCert {
+            cert: cert.into(),
+            key: key.into(),
+        }),
+        (Some(_), None) => return Err("sslcert is given without sslkey".to_owned()),
+        (None, Some(_)) => return Err("sslkey is given without sslcert".to_owned()),
+    };
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, PgTls { mode, root, client }))
+}
+
+fn parse_mode(value: &str) -> Result<SslMode, String> {
+    SslMode::ALL
+        .into_iter()
+        .find(|mode| mode.as_str() == value)
+        .ok_or_else(|| {
+            let all: Vec<&str> = SslMode::ALL.iter().map(|m| m.as_str()).collect();
+            format!("sslmode {value:?} is not one of {}", all.join(", "))
+        })
+}
+
+/// `%XX` decoding as tokio-postgres does it (`+` stays `+`).
+fn percent_decode(text: &str) -> Result<String, String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| "a query parameter is not UTF-8 once decoded".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(raw: &str) -> (String, PgTls) {
+        split_url(raw).unwrap()
+    }
+
+    #[test]
+    fn without_parameters_the_default_is_prefer_and_the_url_is_unchanged() {
+        let (url, tls) = split("postgres://u:p@h:5432/db");
+        assert_eq!(url, "postgres://u:p@h:5432/db");
+        assert_eq!(tls, PgTls::default());
+        assert_eq!(tls.mode, SslMode::Prefer);
+        assert_eq!(tls.verify(), Verify::Nothing);
+    }
+
+    #[test]
+    fn the_libpq_parameters_are_taken_out_and_the_rest_kept_verbatim() {
+        let (url, tls) = split(
+            "postgres://u:p@h/db?application_name=a%20b&sslmode=verify-full&sslrootcert=/etc/ca%2Bx.pem\
+             &options=-c%20x%3D1&sslcert=/c.pem&sslkey=/k.pem&channel_binding=require",
+        );
+        assert_eq!(
+            url,
+            "postgres://u:p@h/db?application_name=a%20b&options=-c%20x%3D1&channel_binding=require"
+        );
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.root, RootCerts::File("/etc/ca+x.pem".into()));
+        assert_eq!(
+            tls.client,
+            Some(ClientCert {
+                cert: "/c.pem".into(),
+                key: "/k.pem".into()
+            })
+        );
+        assert_eq!(tls.verify(), Verify::ChainAndName);
+    }
+
+    #[test]
+    fn each_mode_maps_to_libpqs_check() {
+        let verify = |query: &str| split(&format!("postgres://h/db?{query}")).1.verify();
+        assert_eq!(verify("sslmode=disable"), Verify::Nothing);
+        assert_eq!(verify("sslmode=allow"), Verify::Nothing);
+        assert_eq!(verify("sslmode=prefer"), Verify::Nothing);
+        assert_eq!(verify("sslmode=require"), Verify::Nothing);
+        // libpq: require with a root certificate file behaves as verify-ca.
+        assert_eq!(verify("sslmode=require&sslrootcert=/ca.pem"), Verify::Chain);
+        assert_eq!(verify("sslmode=prefer&sslrootcert=/ca.pem"), Verify::Chain);
+        assert_eq!(verify("sslmode=verify-ca"), Verify::Chain);
+        assert_eq!(verify("sslmode=verify-full"), Verify::ChainAndName);
+        assert_eq!(verify("sslrootcert=system"), Verify::ChainAndName);
+        assert!(!split("postgres://h/db?sslmode=disable").1.may_use_tls());
+    }
+
+    #[test]
+    fn system_roots_need_verify_full_as_in_libpq() {
+        let (_, tls) = split("postgres://h/db?sslrootcert=system");
+        assert_eq!(
+            (tls.mode, tls.root),
+            (SslMode::VerifyFull, RootCerts::System)
+        );
+        let error = split_url("postgres://h/db?sslrootcert=system&sslmode=require").unwrap_err();
+        assert!(error.contains("verify-full"), "{error}");
+    }
+
+    #[test]
+    fn bad_values_are_named_and_the_url_is_never_echoed() {
+        let error = split_url("postgres://u:s3cret@h/db?sslmode=verify").unwrap_err();
+        assert_eq!(
+            error,
+            "sslmode \"verify\" is not one of disable, allow, prefer, require, verify-ca, verify-full"
+        );
+        let error = split_url("postgres://u:s3cret@h/db?sslcert=/c.pem").unwrap_err();
+        assert_eq!(error, "sslcert is given without sslkey");
+        let error = split_url("postgres://u:s3cret@h/db?sslkey=/k.pem").unwrap_err();
+        assert!(!error.contains("s3cret"));
+    }
+
+    #[test]
+    fn percent_decoding_leaves_plus_and_lone_percent_alone() {
+        assert_eq!(percent_decode("a+b%20c%2").unwrap(), "a+b c%2");
+        assert_eq!(percent_decode("%41%zz").unwrap(), "A%zz");
+    }
+}

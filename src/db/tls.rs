@@ -1,0 +1,494 @@
+//! TLS to PostgreSQL without C: the rustls client configuration for the
+//! libpq modes of `DATABASE_URL` ([`PgTls`]) on the pure-Rust graviola
+//! provider, the certificate checks each mode makes, and connecting with
+//! libpq's fallbacks (`allow`, `prefer`).
+//!
+//! The configuration is built again for every new connection, reading the
+//! certificate and key files each time, so a rotated certificate (say,
+//! cert-manager rewriting a mounted secret) is used without a restart.
+
+use std::{
+    error::Error as _,
+    path::{Path, PathBuf},
+    sync::{Arc, Once, OnceLock},
+};
+
+use diesel::ConnectionError;
+use diesel_async::AsyncPgConnection;
+use rustls::{
+    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    client::{
+        WebPkiServerVerifier,
+        danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+        verify_server_cert_signed_by_trust_anchor,
+    },
+    crypto::CryptoProvider,
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
+    server::ParsedCertificate,
+};
+use tokio_postgres::config::SslMode as WireSslMode;
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::config::{
+    DatabaseUrl,
+    pg_tls::{PgTls, RootCerts, SslMode, Verify},
+};
+
+/// A certificate or key file that cannot be used. Its text names the
+/// setting and the path, never the file's content.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting} {}: {problem}", path.display())]
+pub struct TlsFileError {
+    pub setting: &'static str,
+    pub path: PathBuf,
+    pub problem: String,
+}
+
+impl TlsFileError {
+    fn new(setting: &'static str, path: &Path, problem: impl Into<String>) -> Self {
+        Self {
+            setting,
+            path: path.to_owned(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Whether graviola (the crypto under rustls here) runs on this CPU:
+/// x86_64 with AVX2, ADX and BMI2 (about 2013 on), or aarch64. On another
+/// CPU it would panic at the first handshake.
+pub fn cpu_supported() -> bool {
+    graviola::util::is_cpu_supported()
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
+    Arc::clone(PROVIDER.get_or_init(|| Arc::new(rustls_graviola::default_provider())))
+}
+
+/// Checks at start what [`client_config`] will read for every connection:
+/// an unreadable or malformed file is a configuration error then, not a
+/// connection failure later. Without a supported CPU only the PEM files are
+/// parsed (loading the key would run graviola).
+pub fn validate(tls: &PgTls) -> Result<(), TlsFileError> {
+    if !tls.may_use_tls() {
+        return Ok(());
+    }
+    if cpu_supported() {
+        return client_config(tls).map(drop);
+    }
+    if let RootCerts::File(path) = &tls.root {
+        load_certs("sslrootcert", path)?;
+    }
+    if let Some(client) = &tls.client {
+        load_certs("sslcert", &client.cert)?;
+        load_key(&client.key)?;
+    }
+    Ok(())
+}
+
+/// The rustls configuration for one new connection, the files read now.
+pub fn client_config(tls: &PgTls) -> Result<ClientConfig, TlsFileError> {
+    let provider = provider();
+    let verifier: Arc<dyn ServerCertVerifier> = match tls.verify() {
+        Verify::Nothing => Arc::new(NoCertificateCheck {
+            provider: Arc::clone(&provider),
+        }),
+        Verify::Chain => Arc::new(ChainOnly {
+            roots: root_store(tls)?,
+            provider: Arc::clone(&provider),
+        }),
+        Verify::ChainAndName => {
+            WebPkiServerVerifier::builder_with_provider(root_store(tls)?, Arc::clone(&provider))
+                .build()
+                .map_err(|e| root_error(tls, format!("no usable root certificate ({e})")))?
+        }
+    };
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| root_error(tls, format!("the TLS provider refuses TLS 1.2/1.3 ({e})")))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    match &tls.client {
+        None => Ok(builder.with_no_client_auth()),
+        Some(client) => {
+            let certs = load_certs("sslcert", &client.cert)?;
+            let key = load_key(&client.key)?;
+            builder.with_client_auth_cert(certs, key).map_err(|e| {
+                TlsFileError::new(
+                    "sslkey",
+                    &client.key,
+                    format!("cannot be used with sslcert ({})", key_problem(&e)),
+                )
+            })
+        }
+    }
+}
+
+/// A rustls error about a key, without anything of the key.
+fn key_problem(error: &rustls::Error) -> String {
+    match error {
+        rustls::Error::InconsistentKeys(_) => "the key does not belong to the certificate".into(),
+        rustls::Error::General(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn root_error(tls: &PgTls, problem: String) -> TlsFileError {
+    match &tls.root {
+        RootCerts::File(path) => TlsFileError::new("sslrootcert", path, problem),
+        _ => TlsFileError::new("sslrootcert", Path::new("(webpki roots)"), problem),
+    }
+}
+
+/// The trusted roots: the `sslrootcert` file, else the bundled webpki roots
+/// (Mozilla's CA list; a `FROM scratch` image has no system store).
+fn root_store(tls: &PgTls) -> Result<Arc<RootCertStore>, TlsFileError> {
+    let store = match &tls.root {
+        RootCerts::File(path) => {
+            let mut store = RootCertStore::empty();
+            for (index, cert) in load_certs("sslrootcert", path)?.into_iter().enumerate() {
+                store.add(cert).map_err(|e| {
+                    TlsFileError::new(
+                        "sslrootcert",
+                        path,
+                        format!(
+                            "certificate {} is not a usable CA certificate ({e})",
+                            index + 1
+                        ),
+                    )
+                })?;
+            }
+            store
+        }
+        RootCerts::Unset | RootCerts::System => RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        },
+    };
+    Ok(Arc::new(store))
+}
+
+fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    std::fs::read(path).map_err(|e| TlsFileError::new(setting, path, format!("cannot read ({e})")))
+}
+
+/// A PEM error as text that never quotes the file (rustls-pki-types quotes
+/// a malformed line, which may be a line of a key).
+fn pem_problem(error: &rustls::pki_types::pem::Error, nothing: &str) -> String {
+    use rustls::pki_types::pem::Error as E;
+    match error {
+        E::NoItemsFound => nothing.to_owned(),
+        E::MissingSectionEnd { .. } => "malformed PEM (a section has no END line)".to_owned(),
+        E::IllegalSectionStart { .. } => "malformed PEM (a malformed BEGIN line)".to_owned(),
+        E::Base64Decode(_) => "malformed PEM (not base64 inside a section)".to_owned(),
+        E::Io(e) => format!("cannot read ({e})"),
+        _ => "malformed PEM".to_owned(),
+    }
+}
+
+const NO_CERTIFICATE: &str = "no certificate in the file";
+
+fn load_certs(
+    setting: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
+    let pem = read(setting, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsFileError::new(setting, path, pem_problem(&e, NO_CERTIFICATE)))?;
+    if certs.is_empty() {
+        return Err(TlsFileError::new(setting, path, NO_CERTIFICATE));
+    }
+    Ok(certs)
+}
+
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
+    let pem = read("sslkey", path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+        TlsFileError::new(
+            "sslkey",
+            path,
+            pem_problem(
+                &e,
+                "no unencrypted private key (PKCS#8, RSA or EC) in the file",
+            ),
+        )
+    })
+}
+
+/// `sslmode=require` (and `prefer`, `allow`) without `sslrootcert`: libpq
+/// checks no certificate. The handshake signature is still verified, so
+/// the connection is bound to the certificate the server showed, which is
+/// what SCRAM channel binding (`tls-server-end-point`) builds on.
+#[derive(Debug)]
+struct NoCertificateCheck {
+    provider: Arc<CryptoProvider>,
+}
+
+/// `sslmode=verify-ca` (or `require` with `sslrootcert`): the chain must
+/// lead to a trusted root and be within its validity dates; the host name
+/// is not checked.
+#[derive(Debug)]
+struct ChainOnly {
+    roots: Arc<RootCertStore>,
+    provider: Arc<CryptoProvider>,
+}
+
+macro_rules! handshake_signatures {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls12_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::verify_tls13_signature(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    };
+}
+
+impl ServerCertVerifier for NoCertificateCheck {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    handshake_signatures!();
+}
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &self.roots,
+            intermediates,
+            now,
+            self.provider.signature_verification_algorithms.all,
+        )?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    handshake_signatures!();
+}
+
+/// Why one connection attempt failed.
+enum Failure {
+    /// A certificate or key file (read again for this connection).
+    File(TlsFileError),
+    /// Connecting, the TLS handshake, or the server's refusal.
+    Postgres(tokio_postgres::Error),
+    /// diesel-async's set-up of the connected client.
+    Setup(ConnectionError),
+}
+
+impl Failure {
+    /// libpq retries in the other mode after a failed TLS handshake or an
+    /// error from the server; not after a refused TCP connection.
+    fn retry_other_mode(&self) -> bool {
+        match self {
+            Failure::Postgres(error) => {
+                error.as_db_error().is_some() || rustls_error(error).is_some()
+            }
+            Failure::File(_) | Failure::Setup(_) => false,
+        }
+    }
+
+    fn describe(&self, tls: &PgTls) -> String {
+        match self {
+            Failure::File(error) => error.to_string(),
+            Failure::Setup(error) => error.to_string(),
+            Failure::Postgres(error) => {
+                if let Some(db) = error.as_db_error() {
+                    // As diesel-async reports it: the server's own words,
+                    // with the settings that answer a demand for a client
+                    // certificate.
+                    let message = db.message();
+                    if message.contains("client certificate") && tls.client.is_none() {
+                        format!("{message} (sslcert and sslkey are not set)")
+                    } else {
+                        message.to_owned()
+                    }
+                } else if let Some(tls_error) = rustls_error(error) {
+                    format!("TLS (sslmode={}): {}", tls.mode, explain(tls_error, tls))
+                } else {
+                    error.to_string()
+                }
+            }
+        }
+    }
+}
+
+/// The rustls error inside a tokio-postgres error, if any. tokio-rustls
+/// wraps it in an `io::Error`, whose `source()` skips the wrapped error
+/// itself, hence `get_ref`.
+fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = error.source();
+    while let Some(current) = next {
+        if let Some(found) = current.downcast_ref::<rustls::Error>() {
+            return Some(found);
+        }
+        if let Some(found) = current
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        {
+            return Some(found);
+        }
+        next = current.source();
+    }
+    None
+}
+
+/// A TLS failure in the words of the settings that fix it.
+fn explain(error: &rustls::Error, tls: &PgTls) -> String {
+    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as E};
+    let roots = match &tls.root {
+        RootCerts::File(path) => format!("sslrootcert {}", path.display()),
+        RootCerts::System => "the bundled webpki roots (sslrootcert=system)".to_owned(),
+        RootCerts::Unset => "the bundled webpki roots (no sslrootcert given)".to_owned(),
+    };
+    let why = match error {
+        E::InvalidCertificate(Cert::UnknownIssuer) => {
+            format!("the server's certificate is not signed by a CA in {roots}")
+        }
+        E::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => {
+            "the server's certificate is not valid for the host name in DATABASE_URL \
+             (verify-full checks it; verify-ca does not)"
+                .to_owned()
+        }
+        E::InvalidCertificate(Cert::Expired | Cert::ExpiredContext { .. }) => {
+            "the server's certificate has expired".to_owned()
+        }
+        E::InvalidCertificate(Cert::NotValidYet | Cert::NotValidYetContext { .. }) => {
+            "the server's certificate is not valid yet".to_owned()
+        }
+        E::AlertReceived(Alert::CertificateRequired) => {
+            "the server requires a client certificate (sslcert and sslkey)".to_owned()
+        }
+        E::AlertReceived(Alert::UnknownCA | Alert::BadCertificate | Alert::CertificateUnknown)
+            if tls.client.is_some() =>
+        {
+            "the server refused the client certificate (sslcert)".to_owned()
+        }
+        _ => return error.to_string(),
+    };
+    format!("{why} ({error})")
+}
+
+/// Opens one connection as `DATABASE_URL` says, with libpq's semantics.
+pub async fn connect(url: &DatabaseUrl) -> Result<AsyncPgConnection, ConnectionError> {
+    let tls = url.tls();
+    let config: tokio_postgres::Config = url
+        .connect_url()
+        .parse()
+        .map_err(|e: tokio_postgres::Error| ConnectionError::BadConnection(e.to_string()))?;
+    let tls_usable = cpu_supported();
+    if !tls_usable && matches!(tls.mode, SslMode::Allow | SslMode::Prefer) {
+        static WARNED: Once = Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(sslmode = %tls.mode, "this CPU cannot run the TLS library (graviola needs x86_64 with AVX2/ADX/BMI2, or aarch64); connecting to PostgreSQL without TLS");
+        });
+    }
+    let result = match tls.mode {
+        SslMode::Disable => plain(&config).await,
+        SslMode::Allow => match plain(&config).await {
+            Err(first) if tls_usable && first.retry_other_mode() => {
+                encrypted(&config, tls, WireSslMode::Require)
+                    .await
+                    .map_err(|second| Failure::Setup(both(tls, &first, &second, "with TLS")))
+            }
+            other => other,
+        },
+        SslMode::Prefer if !tls_usable => plain(&config).await,
+        SslMode::Prefer => match encrypted(&config, tls, WireSslMode::Prefer).await {
+            Err(first) if first.retry_other_mode() => plain(&config)
+                .await
+                .map_err(|second| Failure::Setup(both(tls, &first, &second, "without TLS"))),
+            other => other,
+        },
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+            encrypted(&config, tls, WireSslMode::Require).await
+        }
+    };
+    result.map_err(|failure| match failure {
+        Failure::Setup(error) => error,
+        other => ConnectionError::BadConnection(other.describe(tls)),
+    })
+}
+
+/// Both attempts of a libpq fallback, in one line.
+fn both(tls: &PgTls, first: &Failure, second: &Failure, again: &str) -> ConnectionError {
+    ConnectionError::BadConnection(format!(
+        "{}; tried again {again}: {}",
+        first.describe(tls),
+        second.describe(tls)
+    ))
+}
+
+async fn plain(config: &tokio_postgres::Config) -> Result<AsyncPgConnection, Failure> {
+    let mut config = config.clone();
+    config.ssl_mode(WireSslMode::Disable);
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(Failure::Postgres)?;
+    AsyncPgConnection::try_from_client_and_connection(client, connection)
+        .await
+        .map_err(Failure::Setup)
+}
+
+async fn encrypted(
+    config: &tokio_postgres::Config,
+    tls: &PgTls,
+    mode: WireSslMode,
+) -> Result<AsyncPgConnection, Failure> {
+    let client_config = client_config(tls).map_err(Failure::File)?;
+    let mut config = config.clone();
+    config.ssl_mode(mode);
+    let (client, connection) = config
+        .connect(MakeRustlsConnect::new(client_config))
+        .await
+        .map_err(Failure::Postgres)?;
+    AsyncPgConnection::try_from_client_and_connection(client, connection)
+        .await
+        .map_err(Failure::Setup)
+}

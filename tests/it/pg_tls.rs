@@ -1,0 +1,514 @@
+//! PostgreSQL over TLS, against real TLS-only servers this module starts
+//! (`scripts/pg-tls-certs.sh` makes the CA and certificates with openssl;
+//! the servers' pg_hba.conf refuses plaintext over TCP): the expiry round
+//! trip over `verify-full`, the bad cases each as one clear line naming
+//! `DATABASE_URL` within the connect timeout, a rotated client certificate
+//! used without a restart, and `/readyz` while TLS fails.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use booking_expiration::{
+    config::{DatabaseSettings, DatabaseUrl},
+    db,
+};
+use diesel::{QueryableByName, sql_types::Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use testkit::{postgres::Postgres, run_script};
+
+use crate::support::*;
+
+/// The role that must present a client certificate (pg_hba.conf line
+/// `clientcert=verify-full`; the certificate's CN is its name).
+const CLIENT_USER: &str = "tlsuser";
+const CLIENT_PASSWORD: &str = "tls-user-pw-Zq81";
+
+/// A TLS-only PostgreSQL of its own, stopped on drop.
+struct TlsServer {
+    pg: Postgres,
+    port: u16,
+    password: String,
+}
+
+impl TlsServer {
+    /// Starts a server presenting `DIR/tls/{cert}.crt` (see
+    /// scripts/pg-tls-certs.sh), with the role [`CLIENT_USER`].
+    async fn start(cert: &str) -> Self {
+        let dir = tempdir("pg-tls");
+        let common = run_script(
+            "pg-tls-certs.sh",
+            &[dir.to_str().expect("UTF-8 path"), CLIENT_USER],
+        )
+        .expect("make the certificates");
+        let tls = dir.join("tls");
+        let cert_option = format!(
+            "ssl_cert_file={}",
+            tls.join(format!("{cert}.crt")).display()
+        );
+        let key_option = format!("ssl_key_file={}", tls.join(format!("{cert}.key")).display());
+        let mut options: Vec<&str> = common.split_whitespace().collect();
+        options.extend(["-c", &cert_option, "-c", &key_option]);
+        let port = free_port();
+        let pg = Postgres::start(&dir, port, &options).expect("start a TLS PostgreSQL");
+        let password = url::Url::parse(&pg.admin_url)
+            .unwrap()
+            .password()
+            .unwrap()
+            .to_owned();
+        let server = Self { pg, port, password };
+        server
+            .admin(&format!(
+                "CREATE ROLE {CLIENT_USER} LOGIN PASSWORD '{CLIENT_PASSWORD}'"
+            ))
+            .await;
+        server
+    }
+
+    /// A file the certificate script wrote.
+    fn file(&self, name: &str) -> PathBuf {
+        self.pg.dir().join("tls").join(name)
+    }
+
+    /// The superuser over the Unix socket (TCP refuses plaintext).
+    fn socket_url(&self, database: &str) -> String {
+        format!(
+            "postgres:///{database}?host={}&port={}&user=postgres",
+            self.pg.dir().display(),
+            self.port
+        )
+    }
+
+    async fn admin(&self, sql: &str) {
+        testkit::postgres::exec(&self.socket_url("postgres"), sql)
+            .await
+            .expect("admin statement over the socket");
+    }
+
+    async fn count(&self, database: &str, sql: &str) -> i64 {
+        let mut conn = AsyncPgConnection::establish(&self.socket_url(database))
+            .await
+            .expect("connect over the socket");
+        testkit::postgres::count(&mut conn, sql).await.unwrap()
+    }
+
+    /// `postgres://postgres:PASSWORD@HOST:PORT/DATABASE?QUERY`.
+    fn url(&self, host: &str, database: &str, query: &str) -> String {
+        format!(
+            "postgres://postgres:{}@{host}:{}/{database}?{query}",
+            self.password, self.port
+        )
+    }
+
+    /// As [`CLIENT_USER`].
+    fn client_url(&self, query: &str) -> String {
+        format!(
+            "postgres://{CLIENT_USER}:{CLIENT_PASSWORD}@localhost:{}/postgres?{query}",
+            self.port
+        )
+    }
+
+    /// `sslmode=verify-full` with the test CA.
+    fn verify_full(&self) -> String {
+        format!(
+            "sslmode=verify-full&sslrootcert={}",
+            self.file("ca.crt").display()
+        )
+    }
+}
+
+/// Runs `binary ARGS` with `DATABASE_URL`, logs off (so stderr is only the
+/// error line), and a short connect timeout.
+fn run_binary(url: &str, args: &[&str]) -> (Option<i32>, String, String, Duration) {
+    let started = Instant::now();
+    let output = binary()
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env("DATABASE_CONNECT_TIMEOUT", "3s")
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run the binary");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+        started.elapsed(),
+    )
+}
+
+/// A failed connection: exit 1, one line on stderr that names
+/// `DATABASE_URL` and says `expected`, within the connect timeout, with
+/// no password and no key material.
+fn assert_fails_clearly(url: &str, secrets: &[&str], expected: &str) {
+    let (code, _, stderr, elapsed) = run_binary(url, &["status"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    assert!(stderr.contains("DATABASE_URL"), "{stderr}");
+    assert!(
+        stderr.contains(expected),
+        "expected {expected:?} in: {stderr}"
+    );
+    assert!(elapsed < Duration::from_secs(3 + 2), "took {elapsed:?}");
+    for secret in secrets {
+        assert!(!stderr.contains(secret), "a secret in: {stderr}");
+    }
+    assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
+    eprintln!("as expected ({elapsed:?}): {}", stderr.trim_end());
+}
+
+/// The full round trip of an operator over `verify-full` (host name
+/// `localhost`, SCRAM with channel binding required): migrate, seed, one
+/// expiry cycle, status — the server accepts no plaintext over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_expires_over_verify_full() {
+    let server = TlsServer::start("server").await;
+    server.admin("CREATE DATABASE app").await;
+    let url = server.url(
+        "localhost",
+        "app",
+        &format!("{}&channel_binding=require", server.verify_full()),
+    );
+    let (code, _, stderr, _) = run_binary(&url, &["migrate"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stdout, stderr, _) =
+        run_binary(&url, &["seed", "--active", "30", "--due-fraction", "1"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(stdout.trim(), r#"{"inserted":30}"#);
+    let (code, stdout, stderr, _) = run_binary(&url, &["once"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON line");
+    let expired = report["reserve_expired_count"].as_i64().unwrap()
+        + report["booking_expired_count"].as_i64().unwrap();
+    assert_eq!(expired, 30, "{report}");
+    assert_eq!(
+        server
+            .count(
+                "app",
+                "SELECT count(*) AS n FROM bookings WHERE version = 2"
+            )
+            .await,
+        30
+    );
+    assert_eq!(
+        server
+            .count("app", "SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        30
+    );
+    let (code, stdout, stderr, _) = run_binary(&url, &["status", "--json"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("\"outbox_unpublished\":30"), "{stdout}");
+}
+
+#[derive(QueryableByName)]
+struct Ssl {
+    #[diesel(sql_type = Text)]
+    dn: String,
+}
+
+/// The client certificate's subject as the server saw it on `conn`.
+async fn client_dn(conn: &mut AsyncPgConnection) -> String {
+    let row: Ssl = diesel::sql_query(
+        "SELECT coalesce(client_dn, '') AS dn FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+    )
+    .get_result(conn)
+    .await
+    .expect("pg_stat_ssl");
+    row.dn
+}
+
+fn copy(from: &Path, to: &Path) {
+    // Written aside and renamed, as cert-manager's atomic writer does.
+    let aside = to.with_extension("new");
+    std::fs::copy(from, &aside).expect("copy");
+    std::fs::rename(&aside, to).expect("rename");
+}
+
+/// Rotation: the certificate and key files are read again for every new
+/// connection of the pool, so replacing them takes effect without a
+/// restart — a certificate the server refuses fails the next connection,
+/// and a new valid one is the one the server sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_client_certificate_is_used_by_the_next_connection() {
+    let server = TlsServer::start("server").await;
+    let mounted = tempdir("pg-tls-client");
+    let (cert, key) = (mounted.join("tls.crt"), mounted.join("tls.key"));
+    copy(&server.file("client.crt"), &cert);
+    copy(&server.file("client.key"), &key);
+    let url = server.client_url(&format!(
+        "{}&sslcert={}&sslkey={}",
+        server.verify_full(),
+        cert.display(),
+        key.display()
+    ));
+    let settings = DatabaseSettings {
+        url: DatabaseUrl::parse(&url).expect("valid URL and files"),
+        pool_size: 2,
+        connect_timeout: Duration::from_secs(5),
+        statement_timeout: Duration::from_secs(30),
+    };
+    let pool = db::build_pool(&settings);
+
+    let mut first = pool.dedicated_connection().await.expect("first connection");
+    assert_eq!(client_dn(&mut first).await, format!("/CN={CLIENT_USER}"));
+
+    // A certificate from a CA the server does not trust.
+    copy(&server.file("other-ca.crt"), &cert);
+    copy(&server.file("other-ca.key"), &key);
+    let refused = pool
+        .dedicated_connection()
+        .await
+        .err()
+        .expect("the replaced certificate is refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("the server refused the client certificate"),
+        "{refused}"
+    );
+
+    // The renewed certificate (same user, new key).
+    copy(&server.file("client2.crt"), &cert);
+    copy(&server.file("client2.key"), &key);
+    let mut renewed = pool
+        .dedicated_connection()
+        .await
+        .expect("renewed certificate");
+    let dn = client_dn(&mut renewed).await;
+    assert_eq!(dn, format!("/CN={CLIENT_USER}/O=rotated"));
+    // The connection made before the rotation is still fine.
+    assert_eq!(client_dn(&mut first).await, format!("/CN={CLIENT_USER}"));
+}
+
+/// Each bad case: one clear line naming DATABASE_URL, within the connect
+/// timeout, no password, no key. And `/readyz` says 503 while the server's
+/// certificate cannot be verified, then 200 once the CA file is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_cases_fail_clearly_and_readyz_follows() {
+    let server = TlsServer::start("server").await;
+    let secrets = [server.password.as_str(), CLIENT_PASSWORD];
+    let ca = server.file("ca.crt").display().to_string();
+    let other_ca = server.file("other-ca.crt").display().to_string();
+
+    // Wrong CA.
+    assert_fails_clearly(
+        &server.url(
+            "127.0.0.1",
+            "postgres",
+            &format!("sslmode=verify-full&sslrootcert={other_ca}"),
+        ),
+        &secrets,
+        &format!("the server's certificate is not signed by a CA in sslrootcert {other_ca}"),
+    );
+    // No sslrootcert: the bundled public roots do not know the test CA.
+    assert_fails_clearly(
+        &server.url("127.0.0.1", "postgres", "sslmode=verify-ca"),
+        &secrets,
+        "not signed by a CA in the bundled webpki roots",
+    );
+    // Missing client certificate where the server requires one.
+    assert_fails_clearly(
+        &server.client_url(&server.verify_full()),
+        &secrets,
+        "requires a valid client certificate",
+    );
+    // Wrong password.
+    let mut wrong =
+        url::Url::parse(&server.url("localhost", "postgres", &server.verify_full())).unwrap();
+    wrong.set_password(Some("not-the-password-41")).unwrap();
+    assert_fails_clearly(
+        wrong.as_str(),
+        &["not-the-password-41", &server.password],
+        "password authentication failed",
+    );
+    // A plaintext client against the TLS-only server.
+    assert_fails_clearly(
+        &server.url("127.0.0.1", "postgres", "sslmode=disable"),
+        &secrets,
+        "no encryption",
+    );
+    // The good settings work, also without any certificate check (require)
+    // and with libpq's default (prefer, which finds TLS offered).
+    for query in [
+        server.verify_full(),
+        "sslmode=require".to_owned(),
+        String::new(),
+    ] {
+        let (code, _, stderr, _) =
+            run_binary(&server.url("127.0.0.1", "postgres", &query), &["migrate"]);
+        assert_eq!(code, Some(0), "{query}: {stderr}");
+    }
+
+    // /readyz: the CA file first holds the wrong CA, then is fixed in place.
+    let mounted = tempdir("pg-tls-ca");
+    let root = mounted.join("ca.crt");
+    copy(Path::new(&other_ca), &root);
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut command = binary();
+    command
+        .arg("run")
+        .env(
+            "DATABASE_URL",
+            server.url(
+                "127.0.0.1",
+                "postgres",
+                &format!("sslmode=verify-full&sslrootcert={}", root.display()),
+            ),
+        )
+        .env("NO_PUBLISHER", "true")
+        .env("DATABASE_CONNECT_TIMEOUT", "2s")
+        .env("METRICS_ADDR", &addr)
+        .env("RUST_LOG", "warn");
+    let mut running = Running::spawn(command);
+    wait_http_status(&addr, "/readyz", 503, Duration::from_secs(15)).await;
+    let (_, body) = http_get(&addr, "/readyz").await.expect("readyz");
+    assert!(body.contains("database: unreachable"), "{body}");
+    copy(Path::new(&ca), &root);
+    wait_http_status(&addr, "/readyz", 200, Duration::from_secs(30)).await;
+    running.terminate();
+    assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
+    let stderr = running.stderr();
+    assert!(
+        stderr.contains("not signed by a CA in sslrootcert"),
+        "{stderr}"
+    );
+    for secret in secrets {
+        assert!(!stderr.contains(secret), "{stderr}");
+    }
+}
+
+/// A server certificate for another name fails `verify-full` (connecting by
+/// 127.0.0.1) but passes `verify-ca`; an expired one fails both, and
+/// `require` (no check, as libpq) still connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_host_name_and_expired_server_certificates() {
+    let (wrong_name, expired) =
+        tokio::join!(TlsServer::start("wrong-name"), TlsServer::start("expired"));
+    let ca = |server: &TlsServer| server.file("ca.crt").display().to_string();
+    assert_fails_clearly(
+        &wrong_name.url("127.0.0.1", "postgres", &wrong_name.verify_full()),
+        &[&wrong_name.password],
+        "the server's certificate is not valid for the host name in DATABASE_URL",
+    );
+    let verify_ca = format!("sslmode=verify-ca&sslrootcert={}", ca(&wrong_name));
+    let (code, _, stderr, _) = run_binary(
+        &wrong_name.url("127.0.0.1", "postgres", &verify_ca),
+        &["migrate"],
+    );
+    assert_eq!(code, Some(0), "verify-ca ignores the name: {stderr}");
+
+    for query in [
+        expired.verify_full(),
+        format!("sslmode=verify-ca&sslrootcert={}", ca(&expired)),
+        // libpq: require with a root file checks the chain as verify-ca.
+        format!("sslmode=require&sslrootcert={}", ca(&expired)),
+    ] {
+        assert_fails_clearly(
+            &expired.url("localhost", "postgres", &query),
+            &[&expired.password],
+            "the server's certificate has expired",
+        );
+    }
+    let (code, _, stderr, _) = run_binary(
+        &expired.url("localhost", "postgres", "sslmode=require"),
+        &["migrate"],
+    );
+    assert_eq!(code, Some(0), "require checks no certificate: {stderr}");
+}
+
+/// An unreadable or malformed file named by sslrootcert, sslcert or sslkey
+/// is a configuration error at start: exit 2, one line naming
+/// DATABASE_URL, the setting and the path, never the file's content.
+#[test]
+fn bad_certificate_files_exit_2_at_start() {
+    let dir = tempdir("pg-tls-bad");
+    let marker = "c2VjcmV0LWtleS1tYXRlcmlhbA";
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let garbage = write(
+        "garbage.pem",
+        &format!("-----BEGIN CERTIFICATE-----\n{marker}!!!\n-----END CERTIFICATE-----\n"),
+    );
+    let unterminated = write(
+        "unterminated.pem",
+        &format!("-----BEGIN PRIVATE KEY-----\n{marker}\n"),
+    );
+    let empty = write("empty.pem", "");
+    let not_pem = write("notes.txt", &format!("{marker}\n"));
+    let missing = dir.join("missing.pem").display().to_string();
+    let a_dir = dir.display().to_string();
+    // A real pair, to isolate one bad file at a time.
+    let certs = tempdir("pg-tls-good");
+    run_script("pg-tls-certs.sh", &[certs.to_str().unwrap(), CLIENT_USER])
+        .expect("make the certificates");
+    let good_cert = certs.join("tls/client.crt").display().to_string();
+    let good_key = certs.join("tls/client.key").display().to_string();
+    let other_key = certs.join("tls/client2.key").display().to_string();
+
+    let cases = [
+        (
+            format!("sslrootcert={garbage}"),
+            format!("sslrootcert {garbage}: malformed PEM"),
+        ),
+        (
+            format!("sslrootcert={empty}"),
+            format!("sslrootcert {empty}: no certificate in the file"),
+        ),
+        (
+            format!("sslrootcert={not_pem}"),
+            format!("sslrootcert {not_pem}: no certificate in the file"),
+        ),
+        (
+            format!("sslrootcert={missing}"),
+            format!("sslrootcert {missing}: cannot read"),
+        ),
+        (
+            format!("sslrootcert={a_dir}"),
+            format!("sslrootcert {a_dir}: cannot read"),
+        ),
+        (
+            format!("sslcert={garbage}&sslkey={good_key}"),
+            format!("sslcert {garbage}: malformed PEM"),
+        ),
+        (
+            format!("sslcert={good_cert}&sslkey={unterminated}"),
+            format!("sslkey {unterminated}: malformed PEM"),
+        ),
+        (
+            format!("sslcert={good_cert}&sslkey={good_cert}"),
+            format!("sslkey {good_cert}: no unencrypted private key"),
+        ),
+        (
+            format!("sslcert={good_cert}&sslkey={other_key}"),
+            format!("sslkey {other_key}: cannot be used with sslcert"),
+        ),
+        (
+            format!("sslcert={good_cert}"),
+            "sslcert is given without sslkey".to_owned(),
+        ),
+        (
+            "sslmode=verify".to_owned(),
+            "sslmode \"verify\" is not one of".to_owned(),
+        ),
+        (
+            "sslmode=require&sslrootcert=system".to_owned(),
+            "sslmode=require may not be used with sslrootcert=system".to_owned(),
+        ),
+    ];
+    for (query, expected) in cases {
+        let url = format!("postgres://u:pw-s3cret-9@127.0.0.1:9/db?sslmode=verify-full&{query}");
+        let (code, _, stderr, _) = run_binary(&url, &["once"]);
+        assert_eq!(code, Some(2), "{query}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(&format!("DATABASE_URL: {expected}")),
+            "expected {expected:?} in: {stderr}"
+        );
+        assert!(!stderr.contains("pw-s3cret-9"), "{stderr}");
+        assert!(!stderr.contains(marker), "file content in: {stderr}");
+    }
+}
