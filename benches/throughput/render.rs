@@ -322,9 +322,7 @@ fn lateness_rows(l: &Lateness, rows: &mut Vec<Row>) {
         d.p99_s,
         f.p99_s,
         Some((
-            format!(
-                "<= {LATENESS_P99_GOAL_S} s, none at or before its deadline, none left"
-            ),
+            format!("<= {LATENESS_P99_GOAL_S} s, none at or before its deadline, none left"),
             d.p99_s <= LATENESS_P99_GOAL_S
                 && d.at_or_before_deadline == 0
                 && d.pending == 0
