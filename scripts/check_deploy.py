@@ -52,6 +52,7 @@ COUNTERS = {
     "crm_booking_expiration_outbox_published": [],
     "crm_booking_expiration_outbox_publish_errors": [],
     "crm_booking_expiration_outbox_deleted": [],
+    "crm_booking_expiration_outbox_produce_errors": ["code"],
 }
 GAUGES = [
     "crm_booking_expiration_backlog",
@@ -59,6 +60,7 @@ GAUGES = [
     "crm_booking_expiration_clock_skew_seconds",
     "crm_booking_expiration_outbox_unpublished",
     "crm_booking_expiration_outbox_oldest_unpublished_age_seconds",
+    "crm_booking_expiration_outbox_parked",
 ]
 HISTOGRAMS = {
     "crm_booking_expiration_cycle_duration_seconds":
@@ -373,7 +375,10 @@ class StandIn:
             out.append(f'{name}_bucket{{le="+Inf"}} {n}')
         for name, labels in COUNTERS.items():
             out += [f"# HELP {name} stand-in", f"# TYPE {name} counter"]
-            if labels:
+            if labels == ["code"]:
+                # a healthy publisher: a few old produce errors, no new ones
+                out.append(f'{name}_total{{code="NOT_LEADER_OR_FOLLOWER"}} 2')
+            elif labels:
                 out.append(f'{name}_total{{phase="reserve"}} {n * 2}')
                 out.append(f'{name}_total{{phase="booking"}} {n}')
             elif name in HEALTHY_FLAT:
@@ -386,6 +391,7 @@ class StandIn:
             "crm_booking_expiration_clock_skew_seconds": 0.01,
             "crm_booking_expiration_outbox_unpublished": 12,
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds": 2,
+            "crm_booking_expiration_outbox_parked": 0,
         }
         for name in GAUGES:
             out += [f"# HELP {name} stand-in", f"# TYPE {name} gauge", f"{name} {values[name]}"]

@@ -9,6 +9,8 @@
 #   scripts/kafka.sh stop DIR                   TERM, up to 20 s, then KILL
 #   scripts/kafka.sh status DIR                 exit 0 if the broker of DIR runs
 #   scripts/kafka.sh create-topic PORT TOPIC PARTITIONS [TopicCommand args...]
+#   scripts/kafka.sh alter-topic-config PORT TOPIC KEY=VALUE[,KEY=VALUE...]
+#                                               set topic configs (ConfigCommand --add-config)
 #   scripts/kafka.sh list-topics PORT
 #   scripts/kafka.sh partition [--murmur2] KEY... --partitions N
 #                                               KEY<TAB>PARTITION by the Java client's own
@@ -291,6 +293,15 @@ cmd_create_topic() {
     --create --if-not-exists --topic "$topic" --partitions "$parts" --replication-factor 1 "$@" </dev/null
 }
 
+cmd_alter_topic_config() {
+  [[ $# -eq 3 ]] || usage
+  check_port "$1"
+  ensure_libs
+  kjava org.apache.kafka.tools.ConfigCommand --bootstrap-server "127.0.0.1:$1" \
+    --command-config "$KDIR/admin-client.properties" \
+    --alter --entity-type topics --entity-name "$2" --add-config "$3" </dev/null
+}
+
 cmd_list_topics() {
   [[ $# -eq 1 ]] || usage
   check_port "$1"
@@ -335,6 +346,7 @@ main() {
     stop) cmd_stop "$@" ;;
     status) cmd_status "$@" ;;
     create-topic) cmd_create_topic "$@" ;;
+    alter-topic-config) cmd_alter_topic_config "$@" ;;
     list-topics) cmd_list_topics "$@" ;;
     partition) cmd_partition "$@" ;;
     produce) cmd_produce "$@" ;;

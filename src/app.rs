@@ -246,6 +246,10 @@ pub struct StatusReport {
     pub outbox_oldest_unpublished_age_seconds: i64,
     /// Due rows the domain refuses (first 100 per phase).
     pub poison: Vec<PoisonRow>,
+    /// Outbox rows parked because the broker refused them for good.
+    pub outbox_parked: i64,
+    /// The first 100 parked rows, oldest first.
+    pub parked: Vec<db::outbox::ParkedRow>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -297,6 +301,7 @@ pub async fn status(database: &DatabaseSettings) -> Result<StatusReport, AppErro
         }
     }
     let outbox = db::outbox::stats(&mut conn).await?;
+    let parked = db::outbox::parked_rows(&mut conn, 100).await?;
     Ok(StatusReport {
         as_of,
         phases,
@@ -306,6 +311,8 @@ pub async fn status(database: &DatabaseSettings) -> Result<StatusReport, AppErro
             .oldest_unpublished_at
             .map_or(0, |t| (as_of - t).num_seconds().max(0)),
         poison,
+        outbox_parked: outbox.parked,
+        parked,
     })
 }
 
@@ -348,8 +355,31 @@ impl std::fmt::Display for StatusReport {
                 p.reason
             )?;
         }
+        writeln!(f, "parked outbox rows: {}", self.outbox_parked)?;
+        for p in &self.parked {
+            writeln!(
+                f,
+                "  event {} booking {} parked {}: {}",
+                p.event_id,
+                p.message_key,
+                time(Some(p.parked_at)),
+                p.reason
+            )?;
+        }
         Ok(())
     }
+}
+
+/// `outbox retry`: puts parked outbox rows back for the publisher; returns
+/// how many rows it put back.
+pub async fn outbox_retry(
+    database: &DatabaseSettings,
+    which: &db::outbox::Unpark,
+) -> Result<usize, AppError> {
+    let mut conn = db::establish(database).await?;
+    let put_back = db::outbox::unpark(&mut conn, which).await?;
+    tracing::info!(put_back, "parked outbox rows put back");
+    Ok(put_back)
 }
 
 /// `seed`: inserts synthetic bookings relative to now.

@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use booking_expiration::{
     app::{self, AppError},
-    config::{Cli, Command, ConfigError, Settings},
+    config::{Cli, Command, ConfigError, OutboxCommand, Settings},
+    db::outbox::Unpark,
     telemetry::logging,
 };
 use clap::Parser;
@@ -75,6 +76,26 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 } else {
                     print!("{report}");
                 }
+                Ok(())
+            })
+        }
+        Command::Outbox {
+            command:
+                OutboxCommand::Retry {
+                    database,
+                    event_id,
+                    all_parked,
+                },
+        } => {
+            let database = database.settings().map_err(invalid)?;
+            let which = if all_parked {
+                Unpark::All
+            } else {
+                Unpark::Events(event_id)
+            };
+            block_on(async |_| {
+                let put_back = app::outbox_retry(&database, &which).await?;
+                println!("{{\"put_back\":{put_back}}}");
                 Ok(())
             })
         }

@@ -54,12 +54,34 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Outbox upkeep.
+    Outbox {
+        #[command(subcommand)]
+        command: OutboxCommand,
+    },
     /// Insert synthetic bookings (demo, benchmarks, load tests).
     Seed {
         #[command(flatten)]
         database: DatabaseArgs,
         #[command(flatten)]
         seed: SeedSettings,
+    },
+}
+
+/// The commands of `outbox`.
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Put parked rows back so the publisher tries them again; prints how many as JSON.
+    Retry {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// The event ids (ce_id) of the parked rows to put back.
+        #[arg(long = "event-id", num_args = 1.., required_unless_present = "all_parked",
+              conflicts_with = "all_parked")]
+        event_id: Vec<uuid::Uuid>,
+        /// Put back every parked row.
+        #[arg(long = "all-parked")]
+        all_parked: bool,
     },
 }
 

@@ -10,11 +10,12 @@ use std::{
 };
 
 use booking_expired_proto::partition_for_key;
-use futures_util::future::try_join_all;
+use futures_util::future::join_all;
 use rskafka::{
     BackoffConfig,
     client::{
         Client, ClientBuilder, Credentials, SaslConfig,
+        error::{Error as ClientError, ProtocolError},
         partition::{Compression as KafkaCompression, PartitionClient, UnknownTopicHandling},
     },
     record::Record,
@@ -22,7 +23,7 @@ use rskafka::{
 use tokio::sync::Mutex;
 
 pub use super::sink::OutgoingRecord;
-use super::sink::{Sink, SinkError};
+use super::sink::{Delivery, Produced, Refusal, Sink, SinkError};
 use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::ErrorChain,
@@ -65,6 +66,77 @@ pub enum KafkaError {
         sent: usize,
         acked: usize,
     },
+}
+
+impl KafkaError {
+    /// The Kafka error name when the broker answered with an error code
+    /// (`MESSAGE_TOO_LARGE`, `NOT_ENOUGH_REPLICAS`, …), otherwise a
+    /// `CLIENT_…` name for what failed on this side.
+    pub fn code(&self) -> String {
+        match self {
+            KafkaError::Request { source, .. } | KafkaError::Connect { source, .. } => {
+                match server_error(source) {
+                    Some(error) => error_name(error),
+                    None if matches!(self, KafkaError::Connect { .. }) => "CLIENT_CONNECT".into(),
+                    None => "CLIENT_REQUEST".into(),
+                }
+            }
+            KafkaError::TopicMissing(_) => "UNKNOWN_TOPIC_OR_PARTITION".into(),
+            KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
+            KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
+            KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
+        }
+    }
+
+    /// The broker refused the records for a reason no retry fixes: the
+    /// request or the record itself is at fault, not the cluster's state.
+    /// Leader changes, timeouts, NOT_ENOUGH_REPLICAS, throttling and
+    /// network failures are never in this list.
+    fn refusal(&self) -> Option<ProtocolError> {
+        let KafkaError::Request { source, .. } = self else {
+            return None;
+        };
+        match server_error(source)? {
+            error @ (ProtocolError::MessageTooLarge
+            | ProtocolError::RecordListTooLarge
+            | ProtocolError::InvalidRecord
+            | ProtocolError::CorruptMessage) => Some(*error),
+            _ => None,
+        }
+    }
+}
+
+/// The broker's error code inside a client error, if it carries one.
+fn server_error(error: &ClientError) -> Option<&ProtocolError> {
+    match error {
+        ClientError::ServerError { protocol_error, .. } => Some(protocol_error),
+        _ => None,
+    }
+}
+
+/// The Kafka name of an error code: `MessageTooLarge` → `MESSAGE_TOO_LARGE`.
+pub fn error_name(error: &ProtocolError) -> String {
+    if let ProtocolError::Unknown(code) = error {
+        return format!("UNKNOWN_CODE_{code}");
+    }
+    let camel = format!("{error:?}");
+    let mut name = String::with_capacity(camel.len() + 8);
+    for (i, c) in camel.chars().enumerate() {
+        if i > 0 && c.is_ascii_uppercase() {
+            name.push('_');
+        }
+        name.push(c.to_ascii_uppercase());
+    }
+    name
+}
+
+/// What one partition's produce did, record by record (by index into the
+/// call's records).
+#[derive(Default)]
+struct PartitionOutcome {
+    deliveries: Vec<(usize, Delivery)>,
+    error: Option<KafkaError>,
+    error_codes: Vec<String>,
 }
 
 /// The time budget of one call. Every step of a call (waiting for the
@@ -329,74 +401,177 @@ impl KafkaSink {
     }
 
     /// Produces records to `topic`, each to the partition the Java client
-    /// would choose for its key, and returns once every partition's leader
-    /// acknowledged (acks = all). The whole call, connection setup
-    /// included, takes at most one request timeout. Any failure drops the
-    /// connection so the next call starts from fresh metadata.
-    pub async fn produce(
-        &self,
-        topic: &str,
-        records: Vec<OutgoingRecord>,
-    ) -> Result<(), KafkaError> {
+    /// would choose for its key, one request per partition (acks = all),
+    /// and reports each record's fate. The whole call, connection setup
+    /// and splits included, takes at most one request timeout.
+    ///
+    /// A request the broker refuses as too large (or as holding an
+    /// invalid or corrupt record) is split in halves, each sent on its own,
+    /// down to single records, as the Java producer splits a batch: every
+    /// record that fits gets through and only the record at fault is
+    /// [`Delivery::Refused`]. Any other failure leaves that partition's
+    /// remaining records [`Delivery::Pending`] and drops the connection so
+    /// the next call starts from fresh metadata; other partitions' acks
+    /// still count.
+    pub async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Produced {
         if records.is_empty() {
-            return Ok(());
+            return Produced::all_acked(0);
         }
+        let n = records.len();
         let budget = Budget::start(self.settings.request_timeout);
-        let mut guard = self.lock(&budget).await?;
-        let result = self
-            .produce_locked(&mut guard, topic, records, &budget)
-            .await;
-        if result.is_err() {
+        let mut guard = match self.lock(&budget).await {
+            Ok(guard) => guard,
+            Err(error) => return Produced::failed(n, error.into()),
+        };
+        let partitions = match self.partitions_locked(&mut guard, topic, &budget).await {
+            Ok(partitions) => partitions,
+            Err(error) => {
+                *guard = None;
+                return Produced::failed(n, error.into());
+            }
+        };
+        let produced = self.produce_to(&partitions, topic, records, &budget).await;
+        if produced.error.is_some() {
             *guard = None;
         }
-        result
+        produced
     }
 
-    async fn produce_locked(
+    async fn produce_to(
         &self,
-        guard: &mut Option<Connection>,
+        partitions: &[Arc<PartitionClient>],
         topic: &str,
         records: Vec<OutgoingRecord>,
         budget: &Budget,
-    ) -> Result<(), KafkaError> {
-        let partitions = self.partitions_locked(guard, topic, budget).await?;
+    ) -> Produced {
+        let n = records.len();
         let count = partitions.len() as i32;
-        let mut by_partition: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        for record in records {
+        let mut by_partition: BTreeMap<i32, Vec<(usize, Record)>> = BTreeMap::new();
+        for (index, record) in records.into_iter().enumerate() {
             let partition = partition_for_key(record.key.as_bytes(), count);
-            by_partition.entry(partition).or_default().push(Record {
-                key: Some(record.key.into_bytes()),
-                value: Some(record.value),
-                headers: record.headers,
-                timestamp: record.timestamp,
-            });
+            by_partition.entry(partition).or_default().push((
+                index,
+                Record {
+                    key: Some(record.key.into_bytes()),
+                    value: Some(record.value),
+                    headers: record.headers,
+                    timestamp: record.timestamp,
+                },
+            ));
         }
         let compression = self.compression();
         let sends = by_partition.into_iter().map(|(partition, records)| {
             let client = Arc::clone(&partitions[partition as usize]);
             async move {
-                let sent = records.len();
-                let offsets = budget
-                    .step("produce", client.produce(records, compression))
-                    .await?;
-                if offsets.len() != sent {
-                    return Err(KafkaError::ShortAck {
-                        partition,
-                        sent,
-                        acked: offsets.len(),
-                    });
-                }
-                Ok(())
+                produce_partition(&client, topic, partition, records, compression, budget).await
             }
         });
-        try_join_all(sends).await?;
-        Ok(())
+        let mut produced = Produced {
+            deliveries: vec![Delivery::Pending; n],
+            error: None,
+            error_codes: Vec::new(),
+        };
+        for outcome in join_all(sends).await {
+            for (index, delivery) in outcome.deliveries {
+                produced.deliveries[index] = delivery;
+            }
+            produced.error_codes.extend(outcome.error_codes);
+            if produced.error.is_none()
+                && let Some(error) = outcome.error
+            {
+                produced.error = Some(error.into());
+            }
+        }
+        produced
     }
 }
 
+/// Produces one partition's records: one request, split in halves while
+/// the broker refuses a multi-record request for a reason that is about
+/// the records (see [`KafkaError::refusal`]); a single record refused so
+/// is [`Delivery::Refused`]. The first retriable failure ends the
+/// partition: the rest stay [`Delivery::Pending`]. Halves go in order, so
+/// the partition's records keep their order.
+async fn produce_partition(
+    client: &PartitionClient,
+    topic: &str,
+    partition: i32,
+    records: Vec<(usize, Record)>,
+    compression: KafkaCompression,
+    budget: &Budget,
+) -> PartitionOutcome {
+    let mut outcome = PartitionOutcome::default();
+    // Chunks still to send, the next one last.
+    let mut chunks = vec![records];
+    while let Some(mut chunk) = chunks.pop() {
+        if outcome.error.is_some() {
+            outcome
+                .deliveries
+                .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
+            continue;
+        }
+        let sent = chunk.len();
+        let batch: Vec<Record> = chunk.iter().map(|(_, record)| record.clone()).collect();
+        let error = match budget
+            .step("produce", client.produce(batch, compression))
+            .await
+        {
+            Ok(offsets) if offsets.len() == sent => {
+                outcome
+                    .deliveries
+                    .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Acked)));
+                continue;
+            }
+            Ok(offsets) => KafkaError::ShortAck {
+                partition,
+                sent,
+                acked: offsets.len(),
+            },
+            Err(error) => error,
+        };
+        let code = error.code();
+        outcome.error_codes.push(code.clone());
+        match error.refusal() {
+            Some(_) if sent > 1 => {
+                tracing::info!(
+                    topic,
+                    partition,
+                    records = sent,
+                    code,
+                    "produce request refused; splitting it"
+                );
+                let second = chunk.split_off(sent / 2);
+                chunks.push(second);
+                chunks.push(chunk);
+            }
+            Some(_) => {
+                let (index, record) = &chunk[0];
+                let bytes = record.approximate_size();
+                let refusal = Refusal {
+                    code,
+                    message: format!(
+                        "the broker refused this record ({bytes} bytes) on its own, on partition {partition} of topic {topic}"
+                    ),
+                };
+                tracing::warn!(topic, partition, bytes, reason = %refusal, "record refused by the broker");
+                outcome
+                    .deliveries
+                    .push((*index, Delivery::Refused(refusal)));
+            }
+            None => {
+                outcome
+                    .deliveries
+                    .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
+                outcome.error = Some(error);
+            }
+        }
+    }
+    outcome
+}
+
 impl Sink for KafkaSink {
-    async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Result<(), SinkError> {
-        Ok(KafkaSink::produce(self, topic, records).await?)
+    async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Produced {
+        KafkaSink::produce(self, topic, records).await
     }
 
     async fn check_topic(&self, topic: &str) -> Result<usize, SinkError> {
@@ -406,5 +581,80 @@ impl Sink for KafkaSink {
     /// Same settings, its own connection (see [`Sink::sibling`]).
     fn sibling(&self) -> Self {
         Self::new(self.settings.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rskafka::client::error::RequestContext;
+
+    use super::*;
+
+    fn server(protocol_error: ProtocolError) -> KafkaError {
+        KafkaError::Request {
+            operation: "produce",
+            source: ClientError::ServerError {
+                protocol_error,
+                error_message: None,
+                request: RequestContext::Partition("t".into(), 0),
+                response: None,
+                is_virtual: false,
+            },
+        }
+    }
+
+    #[test]
+    fn error_codes_carry_kafka_names() {
+        assert_eq!(
+            server(ProtocolError::MessageTooLarge).code(),
+            "MESSAGE_TOO_LARGE"
+        );
+        assert_eq!(
+            server(ProtocolError::NotEnoughReplicas).code(),
+            "NOT_ENOUGH_REPLICAS"
+        );
+        assert_eq!(
+            server(ProtocolError::NotLeaderOrFollower).code(),
+            "NOT_LEADER_OR_FOLLOWER"
+        );
+        assert_eq!(
+            server(ProtocolError::Unknown(999)).code(),
+            "UNKNOWN_CODE_999"
+        );
+        let timeout = KafkaError::Timeout {
+            operation: "produce",
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(timeout.code(), "CLIENT_TIMEOUT");
+    }
+
+    #[test]
+    fn only_errors_about_the_records_are_refusals() {
+        for permanent in [
+            ProtocolError::MessageTooLarge,
+            ProtocolError::RecordListTooLarge,
+            ProtocolError::InvalidRecord,
+            ProtocolError::CorruptMessage,
+        ] {
+            assert_eq!(server(permanent).refusal(), Some(permanent));
+        }
+        for retriable in [
+            ProtocolError::NotLeaderOrFollower,
+            ProtocolError::LeaderNotAvailable,
+            ProtocolError::NotEnoughReplicas,
+            ProtocolError::NotEnoughReplicasAfterAppend,
+            ProtocolError::RequestTimedOut,
+            ProtocolError::ThrottlingQuotaExceeded,
+            ProtocolError::NetworkException,
+            ProtocolError::UnknownTopicOrPartition,
+            ProtocolError::TopicAuthorizationFailed,
+        ] {
+            assert_eq!(server(retriable).refusal(), None, "{retriable:?}");
+        }
+        let timeout = KafkaError::Timeout {
+            operation: "produce",
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(timeout.refusal(), None);
     }
 }

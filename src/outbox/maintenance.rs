@@ -39,7 +39,8 @@ where
     }
 }
 
-/// Refreshes `outbox_unpublished` and `outbox_oldest_unpublished_age_seconds`.
+/// Refreshes `outbox_unpublished`, `outbox_oldest_unpublished_age_seconds`
+/// and `outbox_parked`.
 #[derive(Clone)]
 pub struct LagStats {
     pool: PgPool,
@@ -67,6 +68,7 @@ impl LagStats {
         let mut conn = self.pool.get().await?;
         let stats = outbox::stats(&mut conn).await?;
         self.metrics.outbox_unpublished.set(stats.unpublished);
+        self.metrics.outbox_parked.set(stats.parked);
         let age = stats
             .oldest_unpublished_at
             .map_or(0, |oldest| (self.clock.now() - oldest).num_seconds().max(0));

@@ -1,7 +1,8 @@
 //! An in-memory [`Sink`] for tests whose subject is not the broker (claim
 //! and mark, lanes, shutdown, backoff): it records what was produced, fails
-//! when told to, holds produce calls until released, and counts how many
-//! produce calls were in flight at once.
+//! when told to (wholly, after acknowledging part of a call, or by refusing
+//! given keys for good), holds produce calls until released, and counts how
+//! many produce calls were in flight at once.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
@@ -10,7 +11,7 @@ use std::{
 
 use tokio::sync::watch;
 
-use super::sink::{OutgoingRecord, Sink, SinkError};
+use super::sink::{Delivery, OutgoingRecord, Produced, Refusal, Sink, SinkError};
 
 /// One record the sink acknowledged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +43,10 @@ struct State {
     max_in_flight: usize,
     fail_next: usize,
     failing: bool,
+    /// The next call acknowledges only this many records; the rest fail.
+    partial_next: Option<usize>,
+    /// Records with these keys are refused for good.
+    refused_keys: Vec<String>,
     check_failing: bool,
     checks: usize,
     latency: Duration,
@@ -107,6 +112,18 @@ impl MemorySink {
         self.state().fail_next = n;
     }
 
+    /// The next produce call acknowledges its first `acked` records and
+    /// fails the rest (a partition that failed while others acknowledged).
+    pub fn partial_next(&self, acked: usize) {
+        self.state().partial_next = Some(acked);
+    }
+
+    /// Records with one of these keys are refused as `MESSAGE_TOO_LARGE`
+    /// (a record the broker will never take), from now on.
+    pub fn refuse_keys(&self, keys: Vec<String>) {
+        self.state().refused_keys = keys;
+    }
+
     /// Every produce call fails until `set_failing(false)`.
     pub fn set_failing(&self, failing: bool) {
         self.state().failing = failing;
@@ -145,7 +162,7 @@ impl Drop for InFlight<'_> {
 }
 
 impl Sink for MemorySink {
-    async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Result<(), SinkError> {
+    async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Produced {
         let latency = {
             let mut state = self.state();
             state.produce_started.push(Instant::now());
@@ -161,20 +178,37 @@ impl Sink for MemorySink {
             tokio::time::sleep(latency).await;
         }
         let mut state = self.state();
+        let n = records.len();
         if state.failing {
-            return Err(SinkError::Refused("produce"));
+            return Produced::failed(n, SinkError::Refused("produce"));
         }
         if state.fail_next > 0 {
             state.fail_next -= 1;
-            return Err(SinkError::Refused("produce"));
+            return Produced::failed(n, SinkError::Refused("produce"));
         }
-        state
-            .produced
-            .extend(records.into_iter().map(|record| ProducedRecord {
-                topic: topic.to_owned(),
-                record,
-            }));
-        Ok(())
+        let acked = state.partial_next.take().unwrap_or(n);
+        let mut produced = Produced::all_acked(n);
+        for (index, record) in records.into_iter().enumerate() {
+            if index >= acked {
+                produced.deliveries[index] = Delivery::Pending;
+                if produced.error.is_none() {
+                    produced.error = Some(SinkError::Refused("produce"));
+                    produced.error_codes.push("CLIENT_REFUSED".to_owned());
+                }
+            } else if state.refused_keys.contains(&record.key) {
+                produced.deliveries[index] = Delivery::Refused(Refusal {
+                    code: "MESSAGE_TOO_LARGE".to_owned(),
+                    message: "the in-memory sink refuses this key".to_owned(),
+                });
+                produced.error_codes.push("MESSAGE_TOO_LARGE".to_owned());
+            } else {
+                state.produced.push(ProducedRecord {
+                    topic: topic.to_owned(),
+                    record,
+                });
+            }
+        }
+        produced
     }
 
     async fn check_topic(&self, _topic: &str) -> Result<usize, SinkError> {

@@ -1,8 +1,11 @@
 //! The publisher loop. One batch = one transaction: claim unpublished rows
-//! with SKIP LOCKED, produce them, mark them published, commit. The row
-//! locks keep other publishers off these rows while the produce runs; a
-//! crash before the commit leaves them unpublished, so they are sent again
-//! with the same `ce_id` (at-least-once, never lost).
+//! with SKIP LOCKED, produce them, mark the acknowledged ones published and
+//! park the ones the broker refused for good, commit. The row locks keep
+//! other publishers off these rows while the produce runs; a crash before
+//! the commit leaves them unpublished, so they are sent again with the same
+//! `ce_id` (at-least-once, never lost). Rows a failed partition did not get
+//! acknowledged stay unpublished and the error is returned after the
+//! commit, so a retry sends only them.
 
 use std::{
     collections::BTreeMap,
@@ -17,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backoff, KafkaSink,
-    sink::{OutgoingRecord, Sink, SinkError},
+    sink::{Delivery, OutgoingRecord, Refusal, Sink, SinkError},
 };
 use crate::{
     clock::Clock,
@@ -33,6 +36,9 @@ const DRAIN_BUDGET: Duration = Duration::from_secs(5);
 pub const BROKER_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// How often the broker is checked while it is unready.
 pub const BROKER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The park reason's code for a row that cannot be turned into a record.
+pub const CORRUPT_ROW: &str = "CORRUPT_ROW";
 
 /// Errors of one publishing round.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +63,15 @@ pub struct Drained {
     pub published: usize,
     /// The last batch was full: more rows may be waiting.
     pub more: bool,
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Batch {
+    published: usize,
+    parked: usize,
+    /// Rows claimed: a full claim means more rows may be waiting.
+    claimed: usize,
 }
 
 /// The outbox publisher. Clones share the pool, the sinks and the metrics.
@@ -129,33 +144,49 @@ impl<S: Sink> Publisher<S> {
 
     /// Publishes one batch; returns how many rows it published.
     pub async fn publish_batch(&self) -> Result<usize, PublishError> {
-        self.publish_batch_with(&self.sinks[0]).await
+        Ok(self.publish_batch_with(&self.sinks[0]).await?.published)
     }
 
-    /// Claims a batch, produces it through `sink` and, once the sink
-    /// acknowledged every record, marks the rows published (or deletes
-    /// them at retention 0), all in one transaction: a failed produce
-    /// rolls back and leaves the rows unpublished.
-    async fn publish_batch_with(&self, sink: &S) -> Result<usize, PublishError> {
+    /// Claims a batch, produces it through `sink`, and in the same
+    /// transaction marks the rows the broker acknowledged published (or
+    /// deletes them at retention 0) and parks the rows it refused for good.
+    /// When some rows were not acknowledged (a partition failed), what was
+    /// acknowledged is still committed and the error is returned after the
+    /// commit: those rows are never produced again, the others wait for the
+    /// backoff.
+    async fn publish_batch_with(&self, sink: &S) -> Result<Batch, PublishError> {
         let mut conn = self.pool.get().await.map_err(DbError::from)?;
         let limit = self.settings.batch_size;
         let delete = self.settings.retention.is_zero();
-        let (published, created_at) = conn
+        let (batch, created_at, error) = conn
             .transaction(async |conn| {
                 let rows = outbox::claim_unpublished(conn, limit).await?;
                 if rows.is_empty() {
                     // Nothing was sent: says nothing about the broker.
-                    return Ok::<_, PublishError>((0, Vec::new()));
+                    return Ok::<_, PublishError>((Batch::default(), Vec::new(), None));
                 }
+                let claimed = rows.len();
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                let created_at: Vec<_> = rows.iter().map(|r| r.created_at).collect();
-                let mut by_topic: BTreeMap<String, Vec<OutgoingRecord>> = BTreeMap::new();
+                let created: Vec<_> = rows.iter().map(|r| r.created_at).collect();
+                let mut by_topic: BTreeMap<String, (Vec<usize>, Vec<OutgoingRecord>)> =
+                    BTreeMap::new();
                 // The broker rejects timestamps far from its own clock, so the
                 // record carries the publish time; the event time is `ce_time`.
                 let produced_at = self.clock.now();
-                for row in rows {
+                let mut deliveries = vec![Delivery::Pending; claimed];
+                for (index, row) in rows.into_iter().enumerate() {
+                    // A row that cannot become a record is parked, not sent.
+                    if let Some(defect) = row.defect() {
+                        deliveries[index] = Delivery::Refused(Refusal {
+                            code: CORRUPT_ROW.to_owned(),
+                            message: defect,
+                        });
+                        continue;
+                    }
                     let headers = row.header_pairs().into_iter().collect();
-                    by_topic.entry(row.topic).or_default().push(OutgoingRecord {
+                    let (indexes, records) = by_topic.entry(row.topic).or_default();
+                    indexes.push(index);
+                    records.push(OutgoingRecord {
                         key: row.message_key,
                         value: row.payload,
                         headers,
@@ -163,26 +194,58 @@ impl<S: Sink> Publisher<S> {
                     });
                 }
                 let started = Instant::now();
-                for (topic, records) in by_topic {
-                    if let Err(error) = sink.produce(&topic, records).await {
-                        self.health.set_broker_reachable(false);
-                        return Err(error.into());
+                let mut error = None;
+                for (topic, (indexes, records)) in by_topic {
+                    let produced = sink.produce(&topic, records).await;
+                    for code in &produced.error_codes {
+                        self.metrics.produce_error(code);
+                    }
+                    for (index, delivery) in indexes.into_iter().zip(produced.deliveries) {
+                        deliveries[index] = delivery;
+                    }
+                    if error.is_none() {
+                        error = produced.error;
                     }
                 }
-                // Acknowledged: a real exchange with the broker.
-                self.health.set_broker_reachable(true);
+                // Any answer at all is a real exchange with the broker; a
+                // failure on any partition is not ready.
+                self.health.set_broker_reachable(error.is_none());
                 self.metrics
                     .outbox_produce_duration_seconds
                     .observe(started.elapsed().as_secs_f64());
-                if delete {
-                    outbox::delete_rows(conn, &ids).await?;
-                } else {
-                    outbox::mark_published(conn, &ids, self.clock.now()).await?;
+                let mut acked = Vec::with_capacity(claimed);
+                let mut acked_created = Vec::with_capacity(claimed);
+                let mut parked = 0;
+                let now = self.clock.now();
+                for (index, delivery) in deliveries.into_iter().enumerate() {
+                    match delivery {
+                        Delivery::Acked => {
+                            acked.push(ids[index]);
+                            acked_created.push(created[index]);
+                        }
+                        Delivery::Refused(refusal) => {
+                            outbox::park(conn, ids[index], &refusal.to_string(), now).await?;
+                            parked += 1;
+                        }
+                        Delivery::Pending => {}
+                    }
                 }
-                Ok((ids.len(), created_at))
+                if !acked.is_empty() {
+                    if delete {
+                        outbox::delete_rows(conn, &acked).await?;
+                    } else {
+                        outbox::mark_published(conn, &acked, now).await?;
+                    }
+                }
+                let batch = Batch {
+                    published: acked.len(),
+                    parked,
+                    claimed,
+                };
+                Ok((batch, acked_created, error))
             })
             .await?;
-        if published > 0 {
+        if batch.published > 0 {
             let acked_at = self.clock.now();
             for created_at in created_at {
                 let lag = (acked_at - created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
@@ -190,10 +253,19 @@ impl<S: Sink> Publisher<S> {
                     .outbox_commit_to_ack_seconds
                     .observe(lag.max(0.0));
             }
-            self.metrics.outbox_published.inc_by(published as u64);
-            tracing::debug!(published, "outbox batch published");
+            self.metrics.outbox_published.inc_by(batch.published as u64);
+            tracing::debug!(published = batch.published, "outbox batch published");
         }
-        Ok(published)
+        if batch.parked > 0 {
+            tracing::warn!(
+                parked = batch.parked,
+                "outbox rows parked: the broker refused them for good (see `status`, then `outbox retry`)"
+            );
+        }
+        match error {
+            Some(error) => Err(error.into()),
+            None => Ok(batch),
+        }
     }
 
     /// Asks the broker about the topic and records the answer as broker
@@ -242,10 +314,10 @@ impl<S: Sink> Publisher<S> {
     ) -> Result<Drained, PublishError> {
         let started = Instant::now();
         let full = self.settings.batch_size as usize;
-        let first = self.publish_batch().await?;
-        if first < full {
+        let first = self.publish_batch_with(&self.sinks[0]).await?;
+        if first.claimed < full {
             return Ok(Drained {
-                published: first,
+                published: first.published,
                 more: false,
             });
         }
@@ -261,7 +333,7 @@ impl<S: Sink> Publisher<S> {
             })
             .collect();
         let mut drained = Drained {
-            published: first,
+            published: first.published,
             more: false,
         };
         let mut first_error = None;
@@ -294,9 +366,9 @@ impl<S: Sink> Publisher<S> {
         let full = self.settings.batch_size as usize;
         let mut published = 0;
         while !shutdown.is_cancelled() && started.elapsed() < budget {
-            let n = self.publish_batch_with(&self.sinks[lane]).await?;
-            published += n;
-            if n < full {
+            let batch = self.publish_batch_with(&self.sinks[lane]).await?;
+            published += batch.published;
+            if batch.claimed < full {
                 return Ok(Drained {
                     published,
                     more: false,

@@ -23,6 +23,13 @@ impl From<Phase> for PhaseLabel {
     }
 }
 
+/// The `code` label: a Kafka error name (`MESSAGE_TOO_LARGE`, …) or a
+/// `CLIENT_…` name for a failure on this side.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CodeLabel {
+    pub code: String,
+}
+
 /// Every metric the process exports. Counters are registered without the
 /// `_total` suffix because the OpenMetrics encoder appends it.
 pub struct Metrics {
@@ -44,6 +51,10 @@ pub struct Metrics {
     pub outbox_produce_duration_seconds: Histogram,
     pub outbox_commit_to_ack_seconds: Histogram,
     pub outbox_deleted: Counter,
+    /// Outbox rows parked (refused by the broker for good).
+    pub outbox_parked: Gauge,
+    /// Failed produce requests, by Kafka error code.
+    pub outbox_produce_errors: Family<CodeLabel, Counter>,
 }
 
 /// Lateness buckets: fine below a second (the deadline wake-up's goal), then
@@ -95,6 +106,8 @@ impl Metrics {
             outbox_produce_duration_seconds,
             outbox_commit_to_ack_seconds,
             outbox_deleted: Counter::default(),
+            outbox_parked: Gauge::default(),
+            outbox_produce_errors: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -177,10 +190,29 @@ impl Metrics {
             "Published outbox rows removed by retention",
             metrics.outbox_deleted.clone(),
         );
+        registry.register(
+            "crm_booking_expiration_outbox_parked",
+            "Outbox rows parked because the broker refused them for a reason no retry fixes",
+            metrics.outbox_parked.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_produce_errors",
+            "Failed produce requests to Kafka, by Kafka error code",
+            metrics.outbox_produce_errors.clone(),
+        );
         Self {
             registry,
             ..metrics
         }
+    }
+
+    /// Counts one failed produce request with its error code.
+    pub fn produce_error(&self, code: &str) {
+        self.outbox_produce_errors
+            .get_or_create(&CodeLabel {
+                code: code.to_owned(),
+            })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.
@@ -213,6 +245,7 @@ mod tests {
             "crm_booking_expiration_skip_locked_total ",
             "crm_booking_expiration_errors_total ",
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds ",
+            "crm_booking_expiration_outbox_parked ",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

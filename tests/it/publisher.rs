@@ -262,6 +262,7 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
             .collect(),
     )
     .await
+    .into_result()
     .unwrap();
     drop(conn); // connection gone mid-transaction: the server rolls back
     wait_until(

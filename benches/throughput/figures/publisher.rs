@@ -357,12 +357,12 @@ async fn kafka_only(svc: &Services) -> Result<(u64, f64)> {
     };
     let mut chunks = rows.chunks(PUBLISH_BATCH as usize);
     if let Some(first) = chunks.next() {
-        sink.produce(TOPIC, records(first)).await?;
+        sink.produce(TOPIC, records(first)).await.into_result()?;
     }
     let started = Instant::now();
     let mut n = 0;
     for chunk in chunks {
-        sink.produce(TOPIC, records(chunk)).await?;
+        sink.produce(TOPIC, records(chunk)).await.into_result()?;
         n += chunk.len() as u64;
     }
     Ok((n, started.elapsed().as_secs_f64()))
