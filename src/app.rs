@@ -29,13 +29,18 @@ pub enum AppError {
     Http(#[from] http::HttpError),
     #[error("expiry cycle failed")]
     Cycle(#[from] CycleError),
+    /// `migrate --check` found migrations to apply.
+    #[error("{0} migration(s) pending: run `booking-expiration migrate`")]
+    MigrationsPending(usize),
 }
 
 impl AppError {
-    /// Exit status: 2 for bad configuration, 1 for everything else.
+    /// Exit status: 2 for bad configuration, 3 for pending migrations
+    /// (`migrate --check`), 1 for everything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             AppError::Config(_) => 2,
+            AppError::MigrationsPending(_) => 3,
             _ => 1,
         }
     }
@@ -50,6 +55,12 @@ pub async fn migrate(database: &DatabaseSettings) -> Result<Vec<String>, AppErro
         tracing::info!(applied = ?applied, "migrations applied");
     }
     Ok(applied)
+}
+
+/// `migrate --check`: the embedded migrations not yet applied, oldest
+/// first. Reads only.
+pub async fn pending_migrations(database: &DatabaseSettings) -> Result<Vec<String>, AppError> {
+    Ok(db::migrate::pending_migrations(database).await?)
 }
 
 /// `once`: one cycle, no publishing.

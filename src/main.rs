@@ -47,10 +47,18 @@ fn fail(error: &anyhow::Error) -> ExitCode {
 fn execute(command: Command) -> anyhow::Result<()> {
     let invalid = AppError::Config;
     match command {
-        Command::Migrate { database } => {
+        Command::Migrate { database, check } => {
             let database = database.settings().map_err(invalid)?;
             block_on(async |_| {
-                app::migrate(&database).await?;
+                if check {
+                    let pending = app::pending_migrations(&database).await?;
+                    println!("{}", serde_json::json!({ "pending": pending }));
+                    if !pending.is_empty() {
+                        return Err(AppError::MigrationsPending(pending.len()).into());
+                    }
+                } else {
+                    app::migrate(&database).await?;
+                }
                 Ok(())
             })
         }

@@ -32,6 +32,10 @@ pub enum Command {
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,
+        /// Apply nothing: print the pending migrations as JSON and exit 3
+        /// when there are any, 0 when the schema is current.
+        #[arg(long)]
+        check: bool,
     },
     /// Run the expiry worker, the outbox publisher and the HTTP endpoints until SIGTERM/SIGINT.
     Run(RunArgs),

@@ -34,6 +34,46 @@ pub async fn run_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, 
     outcome(applied, unlocked)
 }
 
+/// The embedded migrations the database has not applied, oldest first.
+/// Reads `__diesel_schema_migrations` only (a database without it has
+/// applied none), so a deploy pipeline can ask without changing anything.
+pub async fn pending_migrations(settings: &DatabaseSettings) -> Result<Vec<String>, DbError> {
+    #[derive(diesel::QueryableByName)]
+    struct Version {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        version: String,
+    }
+    #[derive(diesel::QueryableByName)]
+    struct Present {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        present: bool,
+    }
+    let mut conn = super::establish(settings).await?;
+    let table: Present = diesel::sql_query(
+        "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL AS present",
+    )
+    .get_result(&mut conn)
+    .await?;
+    let applied: Vec<Version> = if table.present {
+        diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+            .load(&mut conn)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let applied: std::collections::HashSet<String> =
+        applied.into_iter().map(|v| v.version).collect();
+    let embedded = diesel::migration::MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+        .map_err(|e| DbError::Migration(e.to_string()))?;
+    let mut pending: Vec<String> = embedded
+        .iter()
+        .map(|m| m.name().version().to_string())
+        .filter(|version| !applied.contains(version))
+        .collect();
+    pending.sort();
+    Ok(pending)
+}
+
 /// What a run reports: the migrations' own result, whatever the unlock
 /// did. A failed unlock is only logged: the advisory lock belongs to the
 /// session, which ends when the connection is dropped right after.

@@ -9,6 +9,51 @@ fn stderr_of(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// `migrate --check` on `db`: exit code and the `pending` list it printed.
+fn migrate_check(db: &TestDb) -> (Option<i32>, Vec<String>) {
+    let output = binary()
+        .args(["migrate", "--check"])
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", stderr_of(&output)));
+    let pending = report["pending"]
+        .as_array()
+        .expect("pending list")
+        .iter()
+        .map(|v| v.as_str().expect("a version").to_owned())
+        .collect();
+    (output.status.code(), pending)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_check_reports_pending_migrations_without_applying_them() {
+    let db = TestDb::empty().await;
+    let embedded = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/migrations"))
+        .expect("migrations/")
+        .count();
+    let (code, pending) = migrate_check(&db);
+    assert_eq!(code, Some(3), "pending migrations exit 3");
+    assert_eq!(pending.len(), embedded, "{pending:?}");
+    assert_eq!(
+        db.count(
+            "SELECT count(*) AS n FROM information_schema.tables \
+             WHERE table_name IN ('bookings', '__diesel_schema_migrations')"
+        )
+        .await,
+        0,
+        "--check applies nothing"
+    );
+    let output = binary()
+        .arg("migrate")
+        .env("DATABASE_URL", &db.url)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    assert_eq!(migrate_check(&db), (Some(0), Vec::new()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_is_idempotent() {
     let db = TestDb::empty().await;
