@@ -45,12 +45,7 @@ async fn migrate_check_reports_pending_migrations_without_applying_them() {
         0,
         "--check applies nothing"
     );
-    let output = binary()
-        .arg("migrate")
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr_of(&output));
+    run_ok(&db.url, &["migrate"]);
     assert_eq!(migrate_check(&db), (Some(0), Vec::new()));
 }
 
@@ -58,12 +53,7 @@ async fn migrate_check_reports_pending_migrations_without_applying_them() {
 async fn migrate_is_idempotent() {
     let db = TestDb::empty().await;
     for _ in 0..2 {
-        let output = binary()
-            .arg("migrate")
-            .env("DATABASE_URL", &db.url)
-            .output()
-            .unwrap();
-        assert!(output.status.success(), "{}", stderr_of(&output));
+        run_ok(&db.url, &["migrate"]);
     }
     for table in [
         "bookings",
@@ -103,13 +93,7 @@ async fn once_prints_exactly_the_report_line() {
         NewBooking::new("Booked").booking_deadline(now + chrono::Duration::hours(1)),
     ])
     .await;
-    let output = binary()
-        .arg("once")
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", stderr_of(&output));
-    let stdout = String::from_utf8(output.stdout).unwrap();
+    let stdout = run_ok(&db.url, &["once"]);
     assert_eq!(stdout.lines().count(), 1, "one line: {stdout:?}");
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     let keys: Vec<&str> = report

@@ -400,13 +400,8 @@ async fn an_oversized_row_is_parked_the_others_published_once_then_retried() {
         "{metrics}"
     );
     // The table view and the JSON of the command list it too.
-    let output = binary()
-        .args(["status", "--json"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(output.status.success());
-    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&run_ok(&db.url, &["status", "--json"])).unwrap();
     assert_eq!(json["outbox_parked"], 1);
     assert_eq!(json["parked"][0]["event_id"], big.event_id.to_string());
     assert_eq!(json["outbox_unpublished"], 0, "a parked row is not lag");
@@ -443,18 +438,8 @@ async fn an_oversized_row_is_parked_the_others_published_once_then_retried() {
         ],
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
-    let output = binary()
-        .args(["outbox", "retry", "--all-parked"])
-        .env("DATABASE_URL", &db.url)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert_eq!(
-        String::from_utf8_lossy(&output.stdout).trim(),
+        run_ok(&db.url, &["outbox", "retry", "--all-parked"]).trim(),
         "{\"put_back\":1}"
     );
     assert_eq!((claimable(&db).await, parked(&db).await), (1, 0));

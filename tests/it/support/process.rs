@@ -13,6 +13,22 @@ pub use testkit::{free_port, free_port_pair};
 use super::wait_until;
 
 /// The binary under test, without the settings a developer's shell may have.
+/// Runs the binary with `args` against `database_url`, panics with its
+/// stderr unless it exits 0, and returns its stdout.
+pub fn run_ok(database_url: &str, args: &[&str]) -> String {
+    let output = binary()
+        .args(args)
+        .env("DATABASE_URL", database_url)
+        .output()
+        .expect("run the binary");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("UTF-8 stdout")
+}
+
 pub fn binary() -> std::process::Command {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_booking-expiration"));
     for name in [
