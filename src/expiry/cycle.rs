@@ -440,11 +440,6 @@ impl ExpiryWorker {
         Ok(total)
     }
 
-    /// The interval between cycles.
-    pub fn interval(&self) -> Duration {
-        self.settings.interval
-    }
-
     /// The schedule's settings.
     pub fn wake_policy(&self) -> WakePolicy {
         WakePolicy {

@@ -373,6 +373,28 @@ async fn candidate_queries_use_the_partial_indexes() {
             text.join("\n")
         );
     }
+    // The deadline wake-up's probe: one index probe on each partial index.
+    let plan: Vec<Plan> = diesel::sql_query(format!("EXPLAIN {}", bookings::next_deadline_sql()))
+        .bind::<Timestamptz, _>(t0())
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let text: Vec<String> = plan.into_iter().map(|p| p.line).collect();
+    for index in [
+        "ix_bookings_reserve_expires_at",
+        "ix_bookings_booking_expires_at",
+    ] {
+        assert!(
+            text.iter().any(|l| l.contains(index)),
+            "next deadline probe does not use {index}:\n{}",
+            text.join("\n")
+        );
+    }
+    assert!(
+        !text.iter().any(|l| l.contains("Seq Scan")),
+        "{}",
+        text.join("\n")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
