@@ -92,7 +92,11 @@ func decodeAll(dec runtime.Decoder, data []byte) ([]object, []error) {
 				what = gvk.Kind
 			}
 			problems = append(problems, fmt.Errorf("%s %d: strict decode: %w", what, index, err))
-			continue
+			// A strict error (unknown or duplicate field) still yields the
+			// object: keep it, so the semantic checks say no more than they must.
+			if obj == nil || !runtime.IsStrictDecodingError(err) {
+				continue
+			}
 		}
 		name := ""
 		if meta, ok := obj.(interface{ GetName() string }); ok {
