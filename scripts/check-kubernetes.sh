@@ -46,8 +46,13 @@ echo "kustomize $("$KUSTOMIZE" version)"
 OUT="$(mktemp -d)"
 trap 'rm -rf "$OUT"' EXIT
 
+unformatted="$(gofmt -l tools/k8s-validate)"
+if [[ -n "$unformatted" ]]; then
+  log "not gofmt-formatted: $unformatted"
+  exit 1
+fi
 started=$SECONDS
-(cd tools/k8s-validate && go build -o "$OUT/k8s-validate" .)
+(cd tools/k8s-validate && go vet ./... && go build -o "$OUT/k8s-validate" .)
 log "tools/k8s-validate built in $((SECONDS - started)) s"
 
 "$KUSTOMIZE" build deploy/kubernetes/base >"$OUT/base.yaml"
