@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the operator-facing files: Prometheus alerts (syntax and unit tests),
-# the Prometheus config, the Grafana dashboard and provisioning, and the
-# runbook links of the alerts.
+# the Prometheus config, the Grafana dashboard and provisioning, the
+# runbook links of the alerts, and the Kubernetes manifests (deploy/kubernetes:
+# kustomize build and a strict offline validation, scripts/check-kubernetes.sh).
 #
 #   scripts/check-deploy.sh            all checks
 #   CHECK_DEPLOY_LIVE=0 scripts/check-deploy.sh
@@ -10,7 +11,8 @@
 #
 # Needs promtool. It is installed from Debian's `prometheus` package when it is
 # missing, as root (that package also ships the `prometheus` binary the live check
-# uses). Also needs python3 (standard library only).
+# uses). Also needs python3 (PyYAML for the PrometheusRule generator, installed
+# with pip when missing) and Go >= 1.26 for the Kubernetes checks.
 # Exit status 0 = every check passed. The last line is "check-deploy: N passed, N failed".
 set -euo pipefail
 
@@ -65,6 +67,9 @@ check "dashboard pin-crm"     python3 scripts/check_deploy.py dashboard
 check "grafana provisioning"  python3 scripts/check_deploy.py grafana
 check "runbook links"         python3 scripts/check_deploy.py runbooks
 check "metric names vs src"   python3 scripts/check_deploy.py metrics
+python3 -c 'import yaml' 2>/dev/null || python3 -m pip install --quiet pyyaml
+check "PrometheusRule = alerts.yml" python3 scripts/gen-prometheus-rule.py --check
+check "kubernetes manifests"  bash scripts/check-kubernetes.sh
 if [[ "${CHECK_DEPLOY_LIVE:-1}" != 0 ]]; then
   check "live prometheus"     python3 scripts/check_deploy.py live
 else
