@@ -9,7 +9,10 @@ use booking_expiration::{
     app::{self, AppError},
     config::{Cli, Command, ConfigError, OutboxCommand, Settings},
     db::outbox::Unpark,
-    telemetry::logging,
+    telemetry::{
+        logging,
+        trace::{OTLP_PROTOCOL, TraceSetupError},
+    },
 };
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +30,14 @@ fn main() -> ExitCode {
             return ExitCode::from(error.exit_code().clamp(0, 255) as u8);
         }
     };
-    logging::init();
+    let _trace = match logging::init() {
+        Ok(guard) => guard,
+        Err(TraceSetupError::Protocol { name, value }) => {
+            let problem = format!("only {OTLP_PROTOCOL} is supported (got {value})");
+            return fail(&AppError::Config(ConfigError::new(name, problem)).into());
+        }
+        Err(error) => return fail(&anyhow::Error::new(error)),
+    };
     match execute(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error),

@@ -1,16 +1,25 @@
 //! tracing setup: human-readable on a terminal, JSON with `LOG_FORMAT=json`,
 //! level from `RUST_LOG` (default `info`). Logs go to stderr so stdout stays
-//! clean for `once`'s JSON line.
+//! clean for `once`'s JSON line. Spans also become OpenTelemetry spans
+//! ([`super::trace`]).
 
 use std::io::IsTerminal;
 
 use tracing_subscriber::{EnvFilter, fmt, prelude::*};
 
-/// Installs the global subscriber. Call once, in `main`.
-pub fn init() {
+use super::trace::{self, TraceEnv, TraceGuard, TraceSetupError};
+
+/// Installs the global subscriber. Call once, in `main`, before the async
+/// runtime starts; keep the guard until the command ended (dropping it
+/// flushes the spans still queued for export).
+pub fn init() -> Result<TraceGuard, TraceSetupError> {
+    let trace_env = TraceEnv::from_lookup(|name| std::env::var(name).ok())?;
+    let (provider, guard) = trace::provider(&trace_env)?;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let registry = tracing_subscriber::registry().with(filter);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(trace::layer(&provider));
     if json {
         registry
             .with(
@@ -30,4 +39,5 @@ pub fn init() {
             )
             .init();
     }
+    Ok(guard)
 }
