@@ -358,7 +358,7 @@ SELECT id FROM updated";
 
 /// The headers as one JSON object, written straight from the pairs (no
 /// intermediate `serde_json::Value` per row); the statement casts it to jsonb.
-fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
+pub(crate) fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
     struct Object<'a>(&'a [(&'static str, String)]);
     impl serde::Serialize for Object<'_> {
         fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

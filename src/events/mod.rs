@@ -184,7 +184,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             "trace context is the only difference"
         );
-        assert_eq!((untraced.key, untraced.payload), (message.key.clone(), message.payload.clone()));
+        assert_eq!(
+            (untraced.key, untraced.payload),
+            (message.key.clone(), message.payload.clone())
+        );
         assert_eq!(message.key, "00000000-0000-0000-0000-000000000001");
         assert_eq!(Status::BookingExpired, e.to_status);
     }
