@@ -98,12 +98,21 @@ async fn cycle_and_batch_spans_reach_the_collector_and_the_records_name_them() {
     command.arg(format!("--config=file:{}", config.display()));
     let mut collector = Running::spawn(command);
     let endpoint = format!("127.0.0.1:{port}");
-    wait_until(
-        "the collector to listen",
-        Duration::from_secs(30),
-        || async { tokio::net::TcpStream::connect(&endpoint).await.is_ok() },
-    )
+    let listening = tokio::time::timeout(Duration::from_secs(30), async {
+        while tokio::net::TcpStream::connect(&endpoint).await.is_err() {
+            if collector.child.try_wait().ok().flatten().is_some() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        true
+    })
     .await;
+    assert!(
+        matches!(listening, Ok(true)),
+        "the collector does not listen: {}",
+        collector.stderr()
+    );
 
     // Two tenants, eight due bookings: four batches of two.
     let db = TestDb::new().await;
