@@ -329,7 +329,7 @@ async fn replayed_events_equal_the_originals_by_ids_tenant_and_window() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dry_run_prints_the_events_and_changes_nothing() {
+async fn dry_run_changes_nothing_and_a_stopped_replay_resumes() {
     let f = fixture().await;
     let checksum = bookings_checksum(&f.db).await;
     let outbox = "SELECT count(*) AS n FROM booking_expiration_outbox";
@@ -364,6 +364,58 @@ async fn dry_run_prints_the_events_and_changes_nothing() {
     assert_eq!(summary["enqueued"], 12);
     assert_eq!(f.db.count(outbox).await, rows, "no outbox row written");
     assert_eq!(bookings_checksum(&f.db).await, checksum);
+
+    // Stopped after its first batch (as by SIGTERM), then resumed from the
+    // cursor with the same replay id: every event queued exactly once.
+    let stop = CancellationToken::new();
+    let mut request = booking_expiration::app::RepublishRequest {
+        selection: booking_expiration::db::replay::Selection {
+            tenant_ids: vec![f.tenants[1]],
+            ..Default::default()
+        },
+        dry_run: false,
+        batch_size: 5,
+        after: 0,
+        replay_id: None,
+    };
+    let events = events_on(&f.topic);
+    let stopped = booking_expiration::app::republish(
+        &f.db.settings,
+        &events,
+        &request,
+        stop.clone(),
+        |_| {},
+        |_| stop.cancel(),
+    )
+    .await
+    .unwrap();
+    assert!(!stopped.complete);
+    assert_eq!((stopped.batches, stopped.enqueued), (1, 5));
+    request.after = stopped.after;
+    request.replay_id = Some(stopped.replay_id);
+    let resumed = booking_expiration::app::republish(
+        &f.db.settings,
+        &events,
+        &request,
+        CancellationToken::new(),
+        |_| {},
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert!(resumed.complete);
+    assert_eq!(resumed.enqueued, 7);
+    assert_eq!(
+        f.db.count(&format!(
+            "SELECT count(DISTINCT event_id) AS n FROM booking_expiration_outbox \
+             WHERE replay_id = '{}'",
+            stopped.replay_id
+        ))
+        .await,
+        12
+    );
+    assert_eq!(bookings_checksum(&f.db).await, checksum);
+
     // Nothing selected is an error, not a replay of everything.
     let output = binary()
         .arg("republish")
