@@ -5,7 +5,8 @@
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use tracing::Level;
+use tracing_subscriber::{EnvFilter, filter::Targets, fmt, prelude::*};
 
 use super::trace::{self, TraceEnv, TraceGuard, TraceSetupError};
 
@@ -15,11 +16,12 @@ use super::trace::{self, TraceEnv, TraceGuard, TraceSetupError};
 pub fn init() -> Result<TraceGuard, TraceSetupError> {
     let trace_env = TraceEnv::from_lookup(|name| std::env::var(name).ok())?;
     let (provider, guard) = trace::provider(&trace_env)?;
+    // RUST_LOG filters the logs only: the worker's spans (info level) are
+    // traced whatever the log level, so RUST_LOG=warn keeps the trace.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), Level::INFO);
     let json = std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let registry = tracing_subscriber::registry()
-        .with(filter)
-        .with(trace::layer(&provider));
+    let registry = tracing_subscriber::registry().with(trace::layer(&provider).with_filter(spans));
     if json {
         registry
             .with(
@@ -27,7 +29,8 @@ pub fn init() -> Result<TraceGuard, TraceSetupError> {
                     .json()
                     .with_current_span(true)
                     .with_span_list(false)
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter),
             )
             .init();
     } else {
@@ -35,7 +38,8 @@ pub fn init() -> Result<TraceGuard, TraceSetupError> {
             .with(
                 fmt::layer()
                     .with_ansi(std::io::stderr().is_terminal())
-                    .with_writer(std::io::stderr),
+                    .with_writer(std::io::stderr)
+                    .with_filter(filter),
             )
             .init();
     }
