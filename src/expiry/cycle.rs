@@ -352,6 +352,7 @@ impl ExpiryWorker {
             "expiry_batch",
             %phase,
             run_id = %run_id,
+            correlation_id = %run_id,
             selected = tracing::field::Empty,
             tenant_ids = tracing::field::Empty,
         );
