@@ -44,6 +44,12 @@ if [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then
   echo "test.sh: Kafka on $KAFKA_BOOTSTRAP_SERVERS" >&2
 fi
 
+# The tracing tests export spans to a real OpenTelemetry Collector.
+if [[ -z "${OTELCOL_BIN:-}" ]]; then
+  OTELCOL_BIN="$(bash scripts/otelcol.sh)"
+  export OTELCOL_BIN
+fi
+
 cargo test --workspace --locked "$@"
 
 # Each test drops its own database when it ends (tests/it/support/db.rs);

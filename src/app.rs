@@ -32,6 +32,11 @@ pub enum AppError {
     /// `migrate --check` found migrations to apply.
     #[error("{0} migration(s) pending: run `booking-expiration migrate`")]
     MigrationsPending(usize),
+    /// `republish` stopped between batches (a signal).
+    #[error(
+        "republish stopped before the end: resume with --replay-id {replay_id} --after {after}"
+    )]
+    ReplayStopped { after: i64, replay_id: uuid::Uuid },
 }
 
 impl AppError {
@@ -410,4 +415,195 @@ pub async fn seed(database: &DatabaseSettings, plan: &SeedSettings) -> Result<u6
     .await?;
     tracing::info!(inserted, "bookings seeded");
     Ok(inserted)
+}
+
+/// What `republish` is asked to do.
+#[derive(Debug, Clone)]
+pub struct RepublishRequest {
+    pub selection: db::replay::Selection,
+    /// Print the events instead of enqueuing them.
+    pub dry_run: bool,
+    /// Records per transaction.
+    pub batch_size: u32,
+    /// Resume cursor: start after this audit record id.
+    pub after: i64,
+    /// The replay the rows belong to (a new one when `None`).
+    pub replay_id: Option<uuid::Uuid>,
+}
+
+/// Progress and result of `republish`: printed on stderr after every batch
+/// and on stdout at the end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RepublishReport {
+    pub replay_id: uuid::Uuid,
+    pub dry_run: bool,
+    pub batches: u64,
+    /// Expiry records read.
+    pub selected: u64,
+    /// Outbox rows written (dry run: events printed).
+    pub enqueued: u64,
+    /// Events with a row still waiting to be sent, or already enqueued by this replay.
+    pub skipped_pending: u64,
+    /// Records whose event cannot be rebuilt (logged with the reason).
+    pub unrebuildable: u64,
+    /// The resume cursor: the last audit record id done (`--after`).
+    pub after: i64,
+    /// Every selected record was done (false: stopped, resume with `after`).
+    pub complete: bool,
+}
+
+/// One event as `republish --dry-run` prints it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RepublishedEvent {
+    pub audit_id: i64,
+    pub topic: String,
+    pub key: String,
+    pub event_id: uuid::Uuid,
+    pub headers: std::collections::BTreeMap<&'static str, String>,
+    /// The record value (protobuf), hex.
+    pub value_hex: String,
+}
+
+/// `republish`: re-enqueues the events of expired bookings, rebuilt from
+/// the audit trail and the bookings with the cycle's own builder, one
+/// transaction per batch; reads bookings only. Stops between batches on
+/// `shutdown` (`complete: false`).
+pub async fn republish(
+    database: &DatabaseSettings,
+    events: &EventSettings,
+    request: &RepublishRequest,
+    shutdown: CancellationToken,
+    mut on_event: impl FnMut(&RepublishedEvent),
+    mut on_batch: impl FnMut(&RepublishReport),
+) -> Result<RepublishReport, AppError> {
+    use tracing::Instrument as _;
+
+    use crate::{db::replay, domain::RunId, events::outbox_message, telemetry::trace};
+    use diesel_async::AsyncConnection as _;
+
+    if !request.selection.is_restricted() {
+        return Err(AppError::Config(ConfigError::new(
+            "republish",
+            "name what to replay: --booking-id, --tenant, --expired-from or --expired-to",
+        )));
+    }
+    let mut conn = db::establish(database).await?;
+    let mut report = RepublishReport {
+        replay_id: request.replay_id.unwrap_or_else(uuid::Uuid::new_v4),
+        dry_run: request.dry_run,
+        after: request.after,
+        ..RepublishReport::default()
+    };
+    let replay_span =
+        tracing::info_span!("republish", replay_id = %report.replay_id, dry_run = request.dry_run);
+    while !shutdown.is_cancelled() {
+        let span = tracing::info_span!(
+            parent: &replay_span,
+            "republish_batch",
+            replay_id = %report.replay_id,
+            after = report.after,
+            selected = tracing::field::Empty,
+            tenant_ids = tracing::field::Empty,
+        );
+        // Replay rows carry the replay's trace context, not the cycle's.
+        let trace_headers = trace::headers_of(&span);
+        let selection = &request.selection;
+        let (after, batch_size, replay_id) = (report.after, request.batch_size, report.replay_id);
+        let (rows, writes, enqueued) = conn
+            .transaction(async |conn| {
+                let rows = replay::page(conn, selection, after, batch_size).await?;
+                let mut writes = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let rebuilt = row
+                        .to_domain()
+                        .and_then(|record| record.rebuild().map_err(|e| e.to_string()));
+                    match rebuilt {
+                        Ok(event) => writes.push((
+                            row.audit_id,
+                            replay::ReplayWrite {
+                                message: outbox_message(
+                                    &event,
+                                    RunId::new(row.correlation_id),
+                                    row.ce_source.as_deref().unwrap_or(&events.ce_source),
+                                    &trace_headers,
+                                ),
+                                correlation_id: row.correlation_id,
+                            },
+                        )),
+                        Err(reason) => tracing::error!(
+                            audit_id = row.audit_id,
+                            booking_id = %row.booking_id,
+                            %reason,
+                            "cannot rebuild the event of this expiry; skipped"
+                        ),
+                    }
+                }
+                if request.dry_run {
+                    return Ok::<_, DbError>((rows, writes, None));
+                }
+                let to_send: Vec<replay::ReplayWrite> =
+                    writes.iter().map(|(_, w)| w.clone()).collect();
+                let enqueued =
+                    replay::enqueue(conn, &events.topic, SystemClock.now(), replay_id, &to_send)
+                        .await?;
+                Ok((rows, writes, Some(enqueued.len() as u64)))
+            })
+            .instrument(span.clone())
+            .await?;
+        let tenants: std::collections::BTreeSet<uuid::Uuid> =
+            rows.iter().map(|r| r.tenant_id).collect();
+        span.record("selected", rows.len());
+        span.record(
+            "tenant_ids",
+            tenants
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+                .as_str(),
+        );
+        report.batches += 1;
+        report.selected += rows.len() as u64;
+        report.unrebuildable += (rows.len() - writes.len()) as u64;
+        match enqueued {
+            Some(enqueued) => {
+                report.enqueued += enqueued;
+                report.skipped_pending += writes.len() as u64 - enqueued;
+            }
+            None => {
+                for (audit_id, write) in &writes {
+                    on_event(&RepublishedEvent {
+                        audit_id: *audit_id,
+                        topic: events.topic.clone(),
+                        key: write.message.key.clone(),
+                        event_id: write.message.event_id,
+                        headers: write.message.headers.iter().cloned().collect(),
+                        value_hex: write
+                            .message
+                            .payload
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect(),
+                    });
+                }
+                report.enqueued += writes.len() as u64;
+            }
+        }
+        if let Some(last) = rows.last() {
+            report.after = last.audit_id;
+        }
+        if rows.len() < request.batch_size as usize {
+            report.complete = true;
+            on_batch(&report);
+            break;
+        }
+        on_batch(&report);
+    }
+    tracing::info!(
+        replay_id = %report.replay_id,
+        enqueued = report.enqueued,
+        complete = report.complete,
+        "republish finished"
+    );
+    Ok(report)
 }

@@ -26,7 +26,7 @@ use std::{fmt, net::SocketAddr, time::Duration};
 
 use clap::Args;
 
-pub use cli::{Cli, Command, DatabaseArgs, KafkaArgs, OutboxCommand, RunArgs};
+pub use cli::{Cli, Command, DatabaseArgs, KafkaArgs, OutboxCommand, RepublishArgs, RunArgs};
 use defaults::{AsText as _, text};
 use parse::setting;
 

@@ -2,14 +2,17 @@
 //! logging, run a command, map the outcome to an exit status (0 ok, 1
 //! failure, 2 bad configuration).
 
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
 use anyhow::Context;
 use booking_expiration::{
     app::{self, AppError},
     config::{Cli, Command, ConfigError, OutboxCommand, Settings},
-    db::outbox::Unpark,
-    telemetry::logging,
+    db::{outbox::Unpark, replay::Selection},
+    telemetry::{
+        logging,
+        trace::{OTLP_PROTOCOL, TraceSetupError},
+    },
 };
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +30,14 @@ fn main() -> ExitCode {
             return ExitCode::from(error.exit_code().clamp(0, 255) as u8);
         }
     };
-    logging::init();
+    let _trace = match logging::init() {
+        Ok(guard) => guard,
+        Err(TraceSetupError::Protocol { name, value }) => {
+            let problem = format!("only {OTLP_PROTOCOL} is supported (got {value})");
+            return fail(&AppError::Config(ConfigError::new(name, problem)).into());
+        }
+        Err(error) => return fail(&anyhow::Error::new(error)),
+    };
     match execute(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error),
@@ -104,6 +114,59 @@ fn execute(command: Command) -> anyhow::Result<()> {
             block_on(async |_| {
                 let put_back = app::outbox_retry(&database, &which).await?;
                 println!("{{\"put_back\":{put_back}}}");
+                Ok(())
+            })
+        }
+        Command::Republish(args) => {
+            let database = args.database.settings().map_err(invalid)?;
+            let request = app::RepublishRequest {
+                selection: Selection {
+                    booking_ids: args.booking_id,
+                    tenant_ids: args.tenant,
+                    expired_from: args.expired_from,
+                    expired_to: args.expired_to,
+                },
+                dry_run: args.dry_run,
+                batch_size: args.batch_size,
+                after: args.after,
+                replay_id: args.replay_id,
+            };
+            let events = args.events;
+            block_on(async |stop| {
+                let mut stdout = std::io::stdout().lock();
+                let mut printed = Ok(());
+                let report = app::republish(
+                    &database,
+                    &events,
+                    &request,
+                    stop,
+                    |event| {
+                        if printed.is_ok() {
+                            printed = serde_json::to_string(event)
+                                .map_err(std::io::Error::from)
+                                .and_then(|line| writeln!(stdout, "{line}"));
+                        }
+                    },
+                    |progress| match serde_json::to_string(progress) {
+                        Ok(line) => eprintln!("{line}"),
+                        Err(error) => tracing::warn!(%error, "progress not printed"),
+                    },
+                )
+                .await?;
+                printed.context("cannot write the events to stdout")?;
+                let summary = serde_json::to_string(&report)?;
+                if request.dry_run {
+                    eprintln!("{summary}");
+                } else {
+                    writeln!(stdout, "{summary}")?;
+                }
+                if !report.complete {
+                    return Err(AppError::ReplayStopped {
+                        after: report.after,
+                        replay_id: report.replay_id,
+                    }
+                    .into());
+                }
                 Ok(())
             })
         }

@@ -63,6 +63,10 @@ pub enum Command {
         #[command(subcommand)]
         command: OutboxCommand,
     },
+    /// Re-enqueue the events of expired bookings, rebuilt byte for byte from the
+    /// audit trail (same key, ce_id, value and headers; the trace context is the
+    /// replay's). Bookings are only read.
+    Republish(RepublishArgs),
     /// Insert synthetic bookings (demo, benchmarks, load tests).
     Seed {
         #[command(flatten)]
@@ -87,6 +91,41 @@ pub enum OutboxCommand {
         #[arg(long = "all-parked")]
         all_parked: bool,
     },
+}
+
+/// The flags of `republish`. The selection filters combine (all apply);
+/// at least one is required.
+#[derive(Debug, Clone, Args)]
+pub struct RepublishArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub events: EventSettings,
+    /// Replay this booking's event (repeatable).
+    #[arg(long = "booking-id")]
+    pub booking_id: Vec<uuid::Uuid>,
+    /// Replay the events of this tenant (repeatable).
+    #[arg(long = "tenant")]
+    pub tenant: Vec<uuid::Uuid>,
+    /// Replay bookings expired at or after this time (RFC 3339).
+    #[arg(long = "expired-from", value_parser = setting(parse::instant))]
+    pub expired_from: Option<chrono::DateTime<chrono::Utc>>,
+    /// Replay bookings expired before this time (RFC 3339).
+    #[arg(long = "expired-to", value_parser = setting(parse::instant))]
+    pub expired_to: Option<chrono::DateTime<chrono::Utc>>,
+    /// Print the events (one JSON line each on stdout) instead of enqueuing them.
+    #[arg(long = "dry-run")]
+    pub dry_run: bool,
+    /// Expiry records per transaction.
+    #[arg(long = "batch-size", default_value = text!(defaults::REPUBLISH_BATCH_SIZE),
+          value_parser = setting(parse::count::<u32, { parse::MAX_OUTBOX_BATCH_SIZE }>))]
+    pub batch_size: u32,
+    /// Resume: start after this audit record id (the `after` of the last progress line).
+    #[arg(long = "after", default_value_t = 0)]
+    pub after: i64,
+    /// Resume: the replay id of the stopped run (its rows are not enqueued twice).
+    #[arg(long = "replay-id")]
+    pub replay_id: Option<uuid::Uuid>,
 }
 
 /// The flags of `run`, each parsed; [`super::Settings::from_args`]
@@ -294,6 +333,33 @@ mod tests {
         assert_eq!(seed.due_fraction, defaults::SEED_DUE_FRACTION);
         assert_eq!((seed.inactive, seed.poison), (0, 0));
         assert_eq!(seed.spread, defaults::SEED_SPREAD);
+
+        let Command::Republish(republish) = parse(&[
+            "republish",
+            "--tenant",
+            "00000000-0000-0000-0000-000000000001",
+        ])
+        .unwrap() else {
+            panic!("republish");
+        };
+        assert_eq!(republish.batch_size, defaults::REPUBLISH_BATCH_SIZE);
+        assert_eq!((republish.after, republish.dry_run), (0, false));
+        assert_eq!(republish.events.topic, defaults::KAFKA_TOPIC);
+        let Command::Republish(window) = parse(&[
+            "republish",
+            "--expired-from",
+            "2026-12-01T00:00:00Z",
+            "--expired-to",
+            "2026-12-02T00:00:00+01:00",
+        ])
+        .unwrap() else {
+            panic!("republish");
+        };
+        assert_eq!(
+            window.expired_to.map(|t| t.to_rfc3339()),
+            Some("2026-12-01T23:00:00+00:00".to_owned())
+        );
+        assert!(parse(&["republish", "--expired-from", "yesterday"]).is_err());
     }
 
     #[test]

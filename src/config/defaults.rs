@@ -46,6 +46,9 @@ pub const LIVENESS_WINDOW: Duration = Duration::from_secs(5 * MINUTE);
 
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
+/// `republish --batch-size`: expiry records per transaction.
+pub const REPUBLISH_BATCH_SIZE: u32 = 500;
+
 /// `seed --active`.
 pub const SEED_ACTIVE: u64 = 10_000;
 /// `seed --due-fraction`.
@@ -173,6 +176,10 @@ mod tests {
         assert_eq!(
             reparsed(&OUTBOX_BATCH_SIZE, outbox_batch),
             OUTBOX_BATCH_SIZE
+        );
+        assert_eq!(
+            reparsed(&REPUBLISH_BATCH_SIZE, outbox_batch),
+            REPUBLISH_BATCH_SIZE
         );
         let concurrency: Count = parse::count::<u32, { parse::MAX_OUTBOX_CONCURRENCY }>;
         assert_eq!(

@@ -133,6 +133,13 @@ pub fn whole_number(raw: &str) -> Result<u64, Problem> {
         .map_err(|_| format!("{raw:?} is not a whole number >= 0"))
 }
 
+/// An RFC 3339 instant (`2026-12-01T00:00:00Z`).
+pub fn instant(raw: &str) -> Result<chrono::DateTime<chrono::Utc>, Problem> {
+    chrono::DateTime::parse_from_rfc3339(raw.trim())
+        .map(|t| t.with_timezone(&chrono::Utc))
+        .map_err(|_| format!("{raw:?} is not an RFC 3339 time (2026-12-01T00:00:00Z)"))
+}
+
 /// A number from 0 to 1.
 pub fn fraction(raw: &str) -> Result<f64, Problem> {
     raw.trim()

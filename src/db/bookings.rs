@@ -19,6 +19,7 @@ use uuid::Uuid;
 
 use super::DbError;
 use crate::{
+    config::EventSettings,
     domain::{
         Booking, BookingId, DealId, Expiry, Phase, PropertyObjectId, RunId, SYSTEM_ACTOR, Status,
         TenantId, UnknownStatus,
@@ -329,9 +330,11 @@ pub struct ExpiryWrite {
 const PERSIST_SQL: &str = "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::uuid[],
-                         $6::uuid[], $7::text[], $8::bytea[], $9::text[])
+                         $6::uuid[], $7::text[], $8::bytea[], $9::text[],
+                         $15::bigint[], $16::uuid[], $17::uuid[])
         AS t(id, read_version, from_status, to_status, tenant_id,
-             event_id, message_key, payload, headers)
+             event_id, message_key, payload, headers,
+             version, deal_id, property_object_id)
 ), updated AS (
     UPDATE bookings b
        SET status = i.to_status, expired_at = $10, updated_at = $10, version = b.version + 1
@@ -340,8 +343,10 @@ WITH input AS (
     RETURNING b.id
 ), audited AS (
     INSERT INTO booking_expiration_audit
-           (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at)
-    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $11, $12, $10
+           (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at,
+            version, deal_id, property_object_id, ce_source)
+    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $11, $12, $10,
+           i.version, i.deal_id, i.property_object_id, $18
       FROM input i JOIN updated u ON u.id = i.id
 ), queued AS (
     INSERT INTO booking_expiration_outbox
@@ -353,7 +358,7 @@ SELECT id FROM updated";
 
 /// The headers as one JSON object, written straight from the pairs (no
 /// intermediate `serde_json::Value` per row); the statement casts it to jsonb.
-fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
+pub(crate) fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
     struct Object<'a>(&'a [(&'static str, String)]);
     impl serde::Serialize for Object<'_> {
         fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -378,7 +383,7 @@ pub async fn persist_expiries(
     as_of: DateTime<Utc>,
     written_at: DateTime<Utc>,
     run_id: RunId,
-    topic: &str,
+    events: &EventSettings,
     writes: &[ExpiryWrite],
 ) -> Result<Vec<Uuid>, DbError> {
     if writes.is_empty() {
@@ -394,6 +399,9 @@ pub async fn persist_expiries(
     let mut keys = Vec::with_capacity(n);
     let mut payloads = Vec::with_capacity(n);
     let mut headers = Vec::with_capacity(n);
+    let mut versions = Vec::with_capacity(n);
+    let mut deal_ids = Vec::with_capacity(n);
+    let mut property_object_ids = Vec::with_capacity(n);
     for write in writes {
         let event = &write.expiry.event;
         ids.push(event.booking_id.as_uuid());
@@ -405,6 +413,9 @@ pub async fn persist_expiries(
         keys.push(write.message.key.as_str());
         payloads.push(write.message.payload.as_slice());
         headers.push(headers_json(&write.message.headers)?);
+        versions.push(event.version);
+        deal_ids.push(event.deal_id.as_uuid());
+        property_object_ids.push(event.property_object_id.as_uuid());
     }
     let updated: Vec<UpdatedId> = diesel::sql_query(PERSIST_SQL)
         .bind::<Array<SqlUuid>, _>(&ids)
@@ -419,8 +430,12 @@ pub async fn persist_expiries(
         .bind::<Timestamptz, _>(as_of)
         .bind::<Text, _>(SYSTEM_ACTOR)
         .bind::<SqlUuid, _>(run_id.as_uuid())
-        .bind::<Text, _>(topic)
+        .bind::<Text, _>(&events.topic)
         .bind::<Timestamptz, _>(written_at)
+        .bind::<Array<BigInt>, _>(&versions)
+        .bind::<Array<SqlUuid>, _>(&deal_ids)
+        .bind::<Array<SqlUuid>, _>(&property_object_ids)
+        .bind::<Text, _>(&events.ce_source)
         .load(conn)
         .await?;
     Ok(updated.into_iter().map(|row| row.id).collect())

@@ -6,6 +6,7 @@ pub mod bookings;
 pub mod migrate;
 pub mod outbox;
 mod pool;
+pub mod replay;
 pub mod seed;
 pub mod tls;
 

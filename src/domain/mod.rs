@@ -8,7 +8,7 @@ mod ids;
 mod status;
 
 pub use booking::{Booking, ExpireError, Expiry};
-pub use event::{BookingExpired, DomainEventSubscriber};
+pub use event::{BookingExpired, DomainEventSubscriber, ExpiryRecord, RebuildError};
 pub use ids::{BookingId, DealId, PropertyObjectId, RunId, TenantId};
 pub use status::{Phase, Status, UnknownStatus};
 

@@ -29,6 +29,20 @@ pub struct OutboxMessage {
     pub headers: Vec<(&'static str, String)>,
 }
 
+/// The W3C Trace Context of the span that writes a message: the
+/// `traceparent` and `tracestate` record headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceHeaders {
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+/// Whether a header is trace context (the only headers a replay does not
+/// reproduce: it carries the replay's own).
+pub fn is_trace_header(name: &str) -> bool {
+    name == headers::TRACEPARENT || name == headers::TRACESTATE
+}
+
 /// The stable id of the event for one transition.
 pub fn event_id(event: &BookingExpired) -> Uuid {
     let mut name = [0u8; 24];
@@ -68,8 +82,15 @@ pub fn to_proto(event: &BookingExpired, event_id: Uuid, run_id: RunId) -> v1::Bo
     }
 }
 
-/// Builds the outbox message of an event: key, value and headers.
-pub fn outbox_message(event: &BookingExpired, run_id: RunId, source: &str) -> OutboxMessage {
+/// Builds the outbox message of an event: key, value and headers. The one
+/// builder of both the expiring cycle and `republish`, so a replayed event
+/// is the original byte for byte (trace context aside).
+pub fn outbox_message(
+    event: &BookingExpired,
+    run_id: RunId,
+    source: &str,
+    trace: &TraceHeaders,
+) -> OutboxMessage {
     let event_id = event_id(event);
     let payload = to_proto(event, event_id, run_id).encode_to_vec();
     let mut headers = vec![
@@ -87,6 +108,12 @@ pub fn outbox_message(event: &BookingExpired, run_id: RunId, source: &str) -> Ou
         (headers::CORRELATION_ID, run_id.to_string()),
         (headers::TENANT_ID, event.tenant_id.to_string()),
     ];
+    if let Some(traceparent) = &trace.traceparent {
+        headers.push((headers::TRACEPARENT, traceparent.clone()));
+    }
+    if let Some(tracestate) = &trace.tracestate {
+        headers.push((headers::TRACESTATE, tracestate.clone()));
+    }
     headers.sort_by(|a, b| a.0.cmp(b.0));
     OutboxMessage {
         event_id,
@@ -124,7 +151,11 @@ mod tests {
     fn headers_follow_the_contract() {
         let run_id = RunId::new(Uuid::from_u128(99));
         let e = event(1, Phase::Booking, 1_800_000_000, 5_000, 3);
-        let message = outbox_message(&e, run_id, DEFAULT_SOURCE);
+        let trace = TraceHeaders {
+            traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()),
+            tracestate: Some("congo=t61rcWkgMzE".to_owned()),
+        };
+        let message = outbox_message(&e, run_id, DEFAULT_SOURCE, &trace);
         let get = |name: &str| {
             message
                 .headers
@@ -140,6 +171,23 @@ mod tests {
         assert_eq!(get("ce_id"), Some(message.event_id.to_string().as_str()));
         assert_eq!(get("correlation_id"), Some(run_id.to_string().as_str()));
         assert_eq!(get("tenant_id"), Some(e.tenant_id.to_string().as_str()));
+        assert_eq!(get("traceparent"), trace.traceparent.as_deref());
+        assert_eq!(get("tracestate"), trace.tracestate.as_deref());
+        let untraced = outbox_message(&e, run_id, DEFAULT_SOURCE, &TraceHeaders::default());
+        assert_eq!(
+            untraced.headers,
+            message
+                .headers
+                .iter()
+                .filter(|(name, _)| !is_trace_header(name))
+                .cloned()
+                .collect::<Vec<_>>(),
+            "trace context is the only difference"
+        );
+        assert_eq!(
+            (untraced.key, untraced.payload),
+            (message.key.clone(), message.payload.clone())
+        );
         assert_eq!(message.key, "00000000-0000-0000-0000-000000000001");
         assert_eq!(Status::BookingExpired, e.to_status);
     }
@@ -166,7 +214,7 @@ mod tests {
             let phase = if booking_phase { Phase::Booking } else { Phase::Reserve };
             let e = event(seed, phase, seconds, nanos, version);
             let run_id = RunId::new(Uuid::from_u128(run));
-            let message = outbox_message(&e, run_id, DEFAULT_SOURCE);
+            let message = outbox_message(&e, run_id, DEFAULT_SOURCE, &TraceHeaders::default());
             let received = decode_record(
                 &message.payload,
                 message.headers.iter().map(|(k, v)| (*k, v.as_bytes())),

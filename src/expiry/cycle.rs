@@ -2,7 +2,7 @@
 //! batch, for both phases.
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeSet, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -24,8 +24,20 @@ use crate::{
     },
     domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
     events,
-    telemetry::Metrics,
+    telemetry::{Metrics, trace},
 };
+
+/// Ids as one attribute value: comma-separated, sorted.
+fn join_ids(ids: &BTreeSet<Uuid>) -> String {
+    let mut joined = String::with_capacity(ids.len() * 37);
+    for id in ids {
+        if !joined.is_empty() {
+            joined.push(',');
+        }
+        joined.push_str(&id.hyphenated().to_string());
+    }
+    joined
+}
 
 /// The result of a cycle, exactly the JSON line `once` prints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -194,7 +206,12 @@ impl ExpiryWorker {
     ) -> Result<CycleOutcome, CycleError> {
         // PostgreSQL keeps microseconds: the event's expired_at must equal the row's.
         let as_of = as_of.trunc_subsecs(6);
-        let span = tracing::info_span!("expiry_cycle", run_id = %run_id, correlation_id = %run_id);
+        let span = tracing::info_span!(
+            "expiry_cycle",
+            run_id = %run_id,
+            correlation_id = %run_id,
+            tenant_ids = tracing::field::Empty,
+        );
         self.cycle(as_of, run_id, shutdown).instrument(span).await
     }
 
@@ -221,6 +238,8 @@ impl ExpiryWorker {
             budget_exhausted: false,
         };
         let mut progress = [PhaseProgress::default(), PhaseProgress::default()];
+        // The tenants of the expired bookings, an attribute of the cycle span.
+        let mut tenants = BTreeSet::new();
         // Phases take turns batch by batch, so a large backlog in one phase
         // cannot use up the budget before the other phase had a batch.
         while progress.iter().any(|p| !p.finished) {
@@ -251,6 +270,11 @@ impl ExpiryWorker {
                     .await?;
                 state.batches += 1;
                 outcome.batches += 1;
+                let before = tenants.len();
+                tenants.extend(batch.expired.iter().map(|e| e.tenant_id.as_uuid()));
+                if tenants.len() > before {
+                    tracing::Span::current().record("tenant_ids", join_ids(&tenants).as_str());
+                }
                 self.after_commit(phase, &batch, &mut outcome);
                 state
                     .refused_ids
@@ -324,9 +348,25 @@ impl ExpiryWorker {
         exclude: &[Uuid],
     ) -> Result<BatchResult, DbError> {
         let settings = &self.settings;
+        let span = tracing::info_span!(
+            "expiry_batch",
+            %phase,
+            run_id = %run_id,
+            correlation_id = %run_id,
+            selected = tracing::field::Empty,
+            tenant_ids = tracing::field::Empty,
+        );
+        // Every outbox row of the batch names this span in `traceparent`.
+        let trace = trace::headers_of(&span);
         conn.transaction(async |conn| {
             let rows = bookings::lock_due(conn, phase, as_of, settings.batch_size, exclude).await?;
             tracing::info!(%phase, count = rows.len(), "batch selected");
+            let current = tracing::Span::current();
+            current.record("selected", rows.len());
+            let tenants: BTreeSet<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
+            if !tenants.is_empty() {
+                current.record("tenant_ids", join_ids(&tenants).as_str());
+            }
             let mut result = BatchResult {
                 selected: rows.len(),
                 ..BatchResult::default()
@@ -347,6 +387,7 @@ impl ExpiryWorker {
                             &expiry.event,
                             run_id,
                             &self.events.ce_source,
+                            &trace,
                         ),
                         expiry,
                     }),
@@ -358,7 +399,7 @@ impl ExpiryWorker {
                 as_of,
                 self.clock.now(),
                 run_id,
-                &self.events.topic,
+                &self.events,
                 &writes,
             )
             .await?;
@@ -381,6 +422,7 @@ impl ExpiryWorker {
             }
             Ok(result)
         })
+        .instrument(span)
         .await
     }
 

@@ -4,6 +4,7 @@ pub mod health;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod trace;
 
 pub use health::Health;
 pub use metrics::Metrics;

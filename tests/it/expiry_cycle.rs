@@ -526,12 +526,21 @@ async fn stale_version_is_not_written_and_gets_no_event() {
     .await;
     let expiry = row.to_domain().unwrap().expire(as_of).unwrap();
     let run_id = RunId::generate();
+    let events = booking_expiration::config::EventSettings {
+        topic: "t".to_owned(),
+        ..Default::default()
+    };
     let write = bookings::ExpiryWrite {
         read_version: row.version,
-        message: booking_expiration::events::outbox_message(&expiry.event, run_id, "/test"),
+        message: booking_expiration::events::outbox_message(
+            &expiry.event,
+            run_id,
+            "/test",
+            &booking_expiration::events::TraceHeaders::default(),
+        ),
         expiry,
     };
-    let updated = bookings::persist_expiries(&mut conn, as_of, as_of, run_id, "t", &[write])
+    let updated = bookings::persist_expiries(&mut conn, as_of, as_of, run_id, &events, &[write])
         .await
         .unwrap();
     assert!(updated.is_empty());

@@ -132,6 +132,22 @@ async fn java_consumer_reads_what_the_worker_expired() {
             "{id}: Java's default partitioner disagrees"
         );
         assert_eq!(event["headers"]["ce_id"], event["event_id"]);
+        // The consumer continues the cycle's trace: a child of the record's span.
+        let traceparent = text(&event["headers"], "traceparent");
+        let parts: Vec<&str> = traceparent.split('-').collect();
+        assert_eq!(event["trace"]["trace_id"], parts[1], "{traceparent}");
+        assert_eq!(event["trace"]["parent_span_id"], parts[2], "{traceparent}");
+        assert_ne!(event["trace"]["span_id"], parts[2]);
+        assert_eq!(
+            event["trace"]["traceparent"],
+            format!(
+                "00-{}-{}-{}",
+                parts[1],
+                event["trace"]["span_id"].as_str().expect("span_id"),
+                parts[3]
+            )
+            .as_str()
+        );
         assert_eq!(
             event["headers"]["tenant_id"],
             row.tenant_id.to_string().as_str()

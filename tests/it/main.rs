@@ -14,4 +14,6 @@ mod outbox_parking;
 mod pg_tls;
 mod publisher;
 mod publisher_seams;
+mod replay;
 mod schema;
+mod traces;

@@ -53,6 +53,11 @@ pub mod headers {
     pub const CORRELATION_ID: &str = "correlation_id";
     /// The booking's tenant.
     pub const TENANT_ID: &str = "tenant_id";
+    /// W3C Trace Context of the span that wrote the event (the expiry
+    /// batch of the cycle, or the replay that re-enqueued it).
+    pub const TRACEPARENT: &str = "traceparent";
+    /// W3C Trace Context vendor state, only when the span has one.
+    pub const TRACESTATE: &str = "tracestate";
 }
 
 /// Kafka's `Utils.murmur2` (seed `0x9747b28c`), bit for bit, as a signed

@@ -320,6 +320,7 @@ public final class BookingExpiredConsumer {
                 .field("key", key)
                 .field("expected_partition", expectedPartition)
                 .field("headers", headers)
+                .field("trace", TraceContext.childOf(headers).map(TraceContext::fields).orElse(null))
                 .toString();
     }
 
@@ -327,7 +328,10 @@ public final class BookingExpiredConsumer {
         return "booking " + e.bookingId() + " " + e.phaseName() + " expired at " + e.expiredAt()
                 + " (tenant " + e.tenantId() + ", deal " + e.dealId() + ", property object " + e.propertyObjectId()
                 + "; event " + e.eventId() + ", correlation " + e.correlationId()
-                + "; partition " + record.partition() + " offset " + record.offset() + ")";
+                + "; partition " + record.partition() + " offset " + record.offset() + ")"
+                + TraceContext.childOf(headers(record.headers()))
+                        .map(t -> "; trace " + t.traceId() + " span " + t.spanId() + " child of " + t.parentSpanId())
+                        .orElse("");
     }
 
     void summary() {

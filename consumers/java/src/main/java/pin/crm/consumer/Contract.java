@@ -30,6 +30,9 @@ public final class Contract {
         /** The producing worker cycle's run id. */
         public static final String CORRELATION_ID = "correlation_id";
         public static final String TENANT_ID = "tenant_id";
+        /** W3C Trace Context of the span that wrote the event (see {@link TraceContext}). */
+        public static final String TRACEPARENT = "traceparent";
+        public static final String TRACESTATE = "tracestate";
 
         private Headers() {}
     }

@@ -37,8 +37,12 @@ final class Json {
         return this;
     }
 
-    /** A nested object of string values (null values as JSON null). */
+    /** A nested object of string values (null values, and a null object, as JSON null). */
     Json field(String name, Map<String, String> values) {
+        if (values == null) {
+            name(name).sb.append("null");
+            return this;
+        }
         name(name).sb.append('{');
         boolean firstEntry = true;
         for (Map.Entry<String, String> e : values.entrySet()) {

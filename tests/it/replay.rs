@@ -1,0 +1,495 @@
+//! `republish` against the real PostgreSQL and Kafka: the replayed events
+//! equal the originals record by record as read back from the broker (trace
+//! context aside), selected by booking ids, tenant or `expired_at` window;
+//! a dry run changes nothing; a replay beside the running worker and
+//! publisher changes no booking.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use crate::support::*;
+use booking_expiration::{
+    clock::SystemClock,
+    config::PublisherSettings,
+    outbox::{KafkaSink, Publisher},
+    telemetry::{Health, Metrics},
+};
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const PARTITIONS: i32 = 3;
+
+/// A record without its trace context, for comparing replays with originals.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Record {
+    key: String,
+    value: Vec<u8>,
+    headers: BTreeMap<String, Vec<u8>>,
+}
+
+fn untraced(record: &ConsumedRecord) -> Record {
+    Record {
+        key: record.key.clone(),
+        value: record.value.clone(),
+        headers: record
+            .headers
+            .iter()
+            .filter(|(name, _)| !booking_expiration::events::is_trace_header(name))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
+}
+
+fn ce_id(record: &ConsumedRecord) -> Uuid {
+    record
+        .header("ce_id")
+        .and_then(|id| id.parse().ok())
+        .expect("ce_id")
+}
+
+fn trace_id(record: &ConsumedRecord) -> String {
+    let traceparent = record.header("traceparent").expect("traceparent header");
+    traceparent.split('-').nth(1).expect("trace id").to_owned()
+}
+
+fn publisher(db: &TestDb, topic: &str) -> Publisher {
+    Publisher::new(
+        db.pool.clone(),
+        KafkaSink::new(kafka_settings(kafka_bootstrap())),
+        Arc::new(SystemClock),
+        PublisherSettings {
+            batch_size: 100,
+            poll_interval: Duration::from_millis(200),
+            retention: Duration::from_secs(3600),
+            concurrency: 1,
+        },
+        Arc::new(Metrics::new()),
+        Arc::new(Health::new(wall_now(), true, true)),
+        topic.to_owned(),
+    )
+}
+
+async fn publish_all(publisher: &Publisher) {
+    while publisher.publish_batch().await.expect("publish") > 0 {}
+}
+
+/// md5 of every booking column of every row, in id order.
+async fn bookings_checksum(db: &TestDb) -> String {
+    #[derive(diesel::QueryableByName)]
+    struct Sum {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        sum: String,
+    }
+    use diesel_async::RunQueryDsl;
+    let mut conn = db.conn().await;
+    let row: Sum = diesel::sql_query(
+        "SELECT coalesce(md5(string_agg(b::text, '|' ORDER BY b.id)), '') AS sum FROM bookings b",
+    )
+    .get_result(&mut conn)
+    .await
+    .expect("checksum");
+    row.sum
+}
+
+/// Runs `republish` with `args`; returns (stdout lines, stderr lines).
+fn republish(db: &TestDb, topic: &str, args: &[&str]) -> (Vec<String>, Vec<String>) {
+    let output = binary()
+        .arg("republish")
+        .args(args)
+        .env("DATABASE_URL", &db.url)
+        .env("KAFKA_TOPIC", topic)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run republish");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "republish {args:?}: {stderr}");
+    let lines = |text: &str| text.lines().map(str::to_owned).collect::<Vec<_>>();
+    (
+        lines(&String::from_utf8_lossy(&output.stdout)),
+        lines(&stderr),
+    )
+}
+
+fn json(line: &str) -> serde_json::Value {
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+}
+
+/// Two tenants, bookings of both phases, expired by two cycles an hour
+/// apart; the originals published and read back.
+struct Fixture {
+    db: TestDb,
+    topic: String,
+    tenants: [Uuid; 2],
+    first_cycle: DateTime<Utc>,
+    first: BTreeSet<Uuid>,
+    originals: BTreeMap<Uuid, ConsumedRecord>,
+    by_booking: BTreeMap<String, Uuid>,
+}
+
+async fn fixture() -> Fixture {
+    let db = TestDb::new().await;
+    let topic = create_topic(PARTITIONS).await;
+    let tenants = [Uuid::new_v4(), Uuid::new_v4()];
+    let first_cycle = t0();
+    let second_cycle = t0() + chrono::Duration::hours(1);
+    let mut bookings = Vec::new();
+    for i in 0..12i64 {
+        let tenant = tenants[(i % 2) as usize];
+        let deadline = first_cycle - chrono::Duration::minutes(i + 1);
+        let late = second_cycle - chrono::Duration::minutes(i + 1);
+        let mut reserve = NewBooking::new("Reserved").reserve_deadline(deadline);
+        let mut booked = NewBooking::new("Booked")
+            .reserve_deadline(deadline - chrono::Duration::days(1))
+            .booking_deadline(late);
+        reserve.tenant_id = tenant;
+        booked.tenant_id = tenant;
+        reserve.version = 1 + i;
+        bookings.push(reserve);
+        bookings.push(booked);
+    }
+    db.insert_all(&bookings).await;
+    let first: BTreeSet<Uuid> = bookings
+        .iter()
+        .filter(|b| b.status == "Reserved")
+        .map(|b| b.id)
+        .collect();
+    for as_of in [first_cycle, second_cycle] {
+        let clock = booking_expiration::clock::ManualClock::new(as_of);
+        db.worker_for(&clock, expiry_settings(5), events_on(&topic))
+            .run_cycle(&CancellationToken::new())
+            .await
+            .expect("cycle");
+    }
+    publish_all(&publisher(&db, &topic)).await;
+    let records = read_topic(&topic, PARTITIONS).await;
+    assert_eq!(records.len(), bookings.len());
+    let originals: BTreeMap<Uuid, ConsumedRecord> =
+        records.into_iter().map(|r| (ce_id(&r), r)).collect();
+    let by_booking = originals
+        .values()
+        .map(|r| (r.key.clone(), ce_id(r)))
+        .collect();
+    Fixture {
+        db,
+        topic,
+        tenants,
+        first_cycle,
+        first,
+        originals,
+        by_booking,
+    }
+}
+
+impl Fixture {
+    /// Publishes what a replay enqueued and returns the records new on the
+    /// topic (neither original nor in `seen`, which it extends), each
+    /// checked equal to its original.
+    async fn replayed(&self, seen: &mut BTreeSet<(i32, i64)>) -> Vec<ConsumedRecord> {
+        publish_all(&publisher(&self.db, &self.topic)).await;
+        let all = read_topic(&self.topic, PARTITIONS).await;
+        let original_offsets: BTreeSet<(i32, i64)> = self
+            .originals
+            .values()
+            .map(|r| (r.partition, r.offset))
+            .collect();
+        let new: Vec<ConsumedRecord> = all
+            .into_iter()
+            .filter(|r| {
+                let at = (r.partition, r.offset);
+                !original_offsets.contains(&at) && seen.insert(at)
+            })
+            .collect();
+        for record in &new {
+            let original = &self.originals[&ce_id(record)];
+            assert_eq!(
+                untraced(record),
+                untraced(original),
+                "the replay of {} equals the original",
+                record.key
+            );
+            assert_eq!(
+                record.partition, original.partition,
+                "same key, same partition"
+            );
+            assert_ne!(
+                trace_id(record),
+                trace_id(original),
+                "the replay carries its own trace"
+            );
+        }
+        new
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_events_equal_the_originals_by_ids_tenant_and_window() {
+    let f = fixture().await;
+    let checksum = bookings_checksum(&f.db).await;
+    let audit =
+        f.db.count("SELECT count(*) AS n FROM booking_expiration_audit")
+            .await;
+
+    // By booking ids.
+    let picked: Vec<String> = f.by_booking.keys().take(3).cloned().collect();
+    let mut args = Vec::new();
+    for id in &picked {
+        args.extend(["--booking-id", id.as_str()]);
+    }
+    let (stdout, _) = republish(&f.db, &f.topic, &args);
+    let summary = json(stdout.last().expect("summary"));
+    assert_eq!(summary["enqueued"], 3, "{summary}");
+    assert_eq!(summary["complete"], true);
+    let mut seen = BTreeSet::new();
+    let replayed = f.replayed(&mut seen).await;
+    let keys: BTreeSet<String> = replayed.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys, picked.iter().cloned().collect());
+
+    // By tenant.
+    let tenant = f.tenants[0].to_string();
+    let (stdout, _) = republish(&f.db, &f.topic, &["--tenant", &tenant]);
+    assert_eq!(json(stdout.last().unwrap())["enqueued"], 12);
+    let replayed = f.replayed(&mut seen).await;
+    assert_eq!(replayed.len(), 12);
+    assert!(
+        replayed
+            .iter()
+            .all(|r| r.header("tenant_id").as_deref() == Some(tenant.as_str()))
+    );
+
+    // By window: the first cycle only, in batches of 5 with progress, and
+    // a stopped run resumed from the cursor with the same replay id.
+    let from = (f.first_cycle - chrono::Duration::seconds(1)).to_rfc3339();
+    let to = (f.first_cycle + chrono::Duration::seconds(1)).to_rfc3339();
+    let window = ["--expired-from", from.as_str(), "--expired-to", to.as_str()];
+    let replay_id = Uuid::new_v4().to_string();
+    let (stdout, stderr) = republish(
+        &f.db,
+        &f.topic,
+        &[
+            &window[..],
+            &["--batch-size", "5", "--replay-id", &replay_id],
+        ]
+        .concat(),
+    );
+    let progress: Vec<serde_json::Value> = stderr
+        .iter()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| json(l))
+        .collect();
+    assert_eq!(progress.len(), 3, "12 records in batches of 5: {stderr:?}");
+    assert!(
+        progress
+            .windows(2)
+            .all(|w| w[0]["after"].as_i64() < w[1]["after"].as_i64())
+    );
+    assert_eq!(json(stdout.last().unwrap())["enqueued"], 12);
+    // The same replay again before publishing: every row is still pending.
+    let (stdout, _) = republish(
+        &f.db,
+        &f.topic,
+        &[&window[..], &["--replay-id", &replay_id]].concat(),
+    );
+    let again = json(stdout.last().unwrap());
+    assert_eq!(
+        (
+            again["enqueued"].as_u64(),
+            again["skipped_pending"].as_u64()
+        ),
+        (Some(0), Some(12))
+    );
+    // Resuming after the first progress cursor enqueues nothing new either.
+    let after = progress[0]["after"].to_string();
+    let (stdout, _) = republish(
+        &f.db,
+        &f.topic,
+        &[&window[..], &["--replay-id", &replay_id, "--after", &after]].concat(),
+    );
+    assert_eq!(json(stdout.last().unwrap())["selected"], 7);
+    let replayed = f.replayed(&mut seen).await;
+    let keys: BTreeSet<Uuid> = replayed.iter().map(|r| r.key.parse().unwrap()).collect();
+    assert_eq!(
+        keys, f.first,
+        "exactly the first cycle's bookings, once each"
+    );
+
+    assert_eq!(
+        bookings_checksum(&f.db).await,
+        checksum,
+        "no booking changed"
+    );
+    assert_eq!(
+        f.db.count("SELECT count(*) AS n FROM booking_expiration_audit")
+            .await,
+        audit
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_changes_nothing_and_a_stopped_replay_resumes() {
+    let f = fixture().await;
+    let checksum = bookings_checksum(&f.db).await;
+    let outbox = "SELECT count(*) AS n FROM booking_expiration_outbox";
+    let rows = f.db.count(outbox).await;
+    let tenant = f.tenants[1].to_string();
+    let (stdout, stderr) = republish(
+        &f.db,
+        &f.topic,
+        &["--tenant", &tenant, "--dry-run", "--batch-size", "4"],
+    );
+    assert_eq!(stdout.len(), 12, "one line per event: {stderr:?}");
+    for line in &stdout {
+        let event = json(line);
+        let id: Uuid = event["event_id"].as_str().unwrap().parse().unwrap();
+        let original = untraced(&f.originals[&id]);
+        assert_eq!(event["key"], original.key.as_str());
+        assert_eq!(event["topic"], f.topic.as_str());
+        let value: String = original.value.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(event["value_hex"], value.as_str());
+        let headers: BTreeMap<String, Vec<u8>> = event["headers"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| !booking_expiration::events::is_trace_header(k))
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().as_bytes().to_vec()))
+            .collect();
+        assert_eq!(headers, original.headers);
+        assert!(event["headers"]["traceparent"].is_string());
+    }
+    let summary = json(stderr.iter().rev().find(|l| l.starts_with('{')).unwrap());
+    assert_eq!(summary["dry_run"], true);
+    assert_eq!(summary["enqueued"], 12);
+    assert_eq!(f.db.count(outbox).await, rows, "no outbox row written");
+    assert_eq!(bookings_checksum(&f.db).await, checksum);
+
+    // Stopped after its first batch (as by SIGTERM), then resumed from the
+    // cursor with the same replay id: every event queued exactly once.
+    let stop = CancellationToken::new();
+    let mut request = booking_expiration::app::RepublishRequest {
+        selection: booking_expiration::db::replay::Selection {
+            tenant_ids: vec![f.tenants[1]],
+            ..Default::default()
+        },
+        dry_run: false,
+        batch_size: 5,
+        after: 0,
+        replay_id: None,
+    };
+    let events = events_on(&f.topic);
+    let stopped = booking_expiration::app::republish(
+        &f.db.settings,
+        &events,
+        &request,
+        stop.clone(),
+        |_| {},
+        |_| stop.cancel(),
+    )
+    .await
+    .unwrap();
+    assert!(!stopped.complete);
+    assert_eq!((stopped.batches, stopped.enqueued), (1, 5));
+    request.after = stopped.after;
+    request.replay_id = Some(stopped.replay_id);
+    let resumed = booking_expiration::app::republish(
+        &f.db.settings,
+        &events,
+        &request,
+        CancellationToken::new(),
+        |_| {},
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert!(resumed.complete);
+    assert_eq!(resumed.enqueued, 7);
+    assert_eq!(
+        f.db.count(&format!(
+            "SELECT count(DISTINCT event_id) AS n FROM booking_expiration_outbox \
+             WHERE replay_id = '{}'",
+            stopped.replay_id
+        ))
+        .await,
+        12
+    );
+    assert_eq!(bookings_checksum(&f.db).await, checksum);
+
+    // Nothing selected is an error, not a replay of everything.
+    let output = binary()
+        .arg("republish")
+        .env("DATABASE_URL", &f.db.url)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_beside_the_running_worker_and_publisher_changes_nothing_else() {
+    let f = fixture().await;
+    // Active bookings the running worker looks at but must leave alone.
+    let later = wall_now() + chrono::Duration::hours(2);
+    let waiting: Vec<NewBooking> = (0..20)
+        .map(|_| NewBooking::new("Reserved").reserve_deadline(later))
+        .collect();
+    f.db.insert_all(&waiting).await;
+    let checksum = bookings_checksum(&f.db).await;
+    let audit =
+        f.db.count("SELECT count(*) AS n FROM booking_expiration_audit")
+            .await;
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut worker = binary();
+    worker
+        .arg("run")
+        .env("DATABASE_URL", &f.db.url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
+        .env("KAFKA_TOPIC", &f.topic)
+        .env("EXPIRATION_INTERVAL", "200ms")
+        .env("EXPIRATION_MAX_CLOCK_SKEW", "off")
+        .env("METRICS_ADDR", &addr);
+    let mut running = Running::spawn(worker);
+    wait_http_status(&addr, "/readyz", 200, Duration::from_secs(30)).await;
+
+    let tenant = f.tenants[0].to_string();
+    let (stdout, _) = republish(&f.db, &f.topic, &["--tenant", &tenant, "--batch-size", "3"]);
+    assert_eq!(json(stdout.last().unwrap())["enqueued"], 12);
+    wait_until("the replay published", Duration::from_secs(60), || async {
+        f.db.count(
+            "SELECT count(*) AS n FROM booking_expiration_outbox \
+             WHERE replay_id IS NOT NULL AND published_at IS NULL",
+        )
+        .await
+            == 0
+    })
+    .await;
+    running.terminate();
+    assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
+
+    let all = read_topic(&f.topic, PARTITIONS).await;
+    assert_eq!(
+        all.len(),
+        f.originals.len() + 12,
+        "only the replay was added"
+    );
+    let mut replays = 0;
+    for record in &all {
+        let original = &f.originals[&ce_id(record)];
+        if (record.partition, record.offset) != (original.partition, original.offset) {
+            assert_eq!(untraced(record), untraced(original));
+            replays += 1;
+        }
+    }
+    assert_eq!(replays, 12);
+    assert_eq!(
+        bookings_checksum(&f.db).await,
+        checksum,
+        "no booking row touched"
+    );
+    assert_eq!(
+        f.db.count("SELECT count(*) AS n FROM booking_expiration_audit")
+            .await,
+        audit
+    );
+}
