@@ -292,6 +292,96 @@ fn outcome<T>(applied: Result<T, DbError>, unlocked: Result<(), DbError>) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{db::bookings, domain::Phase};
+
+    /// Each embedded migration: version, in a transaction or not, up.sql.
+    fn embedded() -> Vec<(String, bool, String)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+        let migrations =
+            diesel::migration::MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+                .expect("embedded migrations");
+        migrations
+            .iter()
+            .map(|m| {
+                let name = m.name().to_string();
+                let up = std::fs::read_to_string(root.join(&name).join("up.sql"))
+                    .unwrap_or_else(|e| panic!("{name}/up.sql: {e}"));
+                (
+                    m.name().version().to_string(),
+                    m.metadata().run_in_transaction(),
+                    up,
+                )
+            })
+            .collect()
+    }
+
+    /// The SQL without `--` comments, statements split on `;`.
+    fn statements(sql: &str) -> Vec<String> {
+        let code: String = sql
+            .lines()
+            .map(|line| line.split("--").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n");
+        code.split(';')
+            .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
+    #[test]
+    fn every_migration_outside_a_transaction_is_one_listed_concurrent_build() {
+        let outside: Vec<_> = embedded().into_iter().filter(|(_, tx, _)| !tx).collect();
+        assert_eq!(
+            outside
+                .iter()
+                .map(|(v, _, _)| v.as_str())
+                .collect::<Vec<_>>(),
+            CONCURRENT_INDEX_BUILDS.map(|(v, _)| v),
+            "the migrations run outside a transaction are exactly the listed builds"
+        );
+        for ((version, _, up), (_, index)) in outside.iter().zip(CONCURRENT_INDEX_BUILDS) {
+            let statements = statements(up);
+            assert_eq!(
+                statements.len(),
+                1,
+                "{version}: one statement: {statements:?}"
+            );
+            assert!(
+                statements[0].starts_with(&format!(
+                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON bookings "
+                )),
+                "{version}: {}",
+                statements[0]
+            );
+        }
+    }
+
+    #[test]
+    fn the_concurrent_builds_are_the_repository_partial_indexes() {
+        let mut listed: Vec<&str> = CONCURRENT_INDEX_BUILDS.iter().map(|(_, i)| *i).collect();
+        let mut repository: Vec<&str> = Phase::ALL
+            .iter()
+            .map(|p| bookings::partial_index(*p))
+            .collect();
+        listed.sort_unstable();
+        repository.sort_unstable();
+        assert_eq!(listed, repository);
+    }
+
+    #[test]
+    fn no_migration_in_a_transaction_builds_an_index_on_bookings() {
+        for (version, in_transaction, up) in embedded() {
+            if in_transaction {
+                for statement in statements(&up) {
+                    let upper = statement.to_uppercase();
+                    assert!(
+                        !(upper.starts_with("CREATE INDEX") && upper.contains(" ON BOOKINGS ")),
+                        "{version} builds an index on crm's table in a transaction: {statement}"
+                    );
+                }
+            }
+        }
+    }
 
     fn unlock_failure() -> Result<(), DbError> {
         Err(DbError::Query(

@@ -278,18 +278,7 @@ async fn an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_m
     let db = TestDb::empty().await;
     crm_bookings(&db, 1000).await;
 
-    // A crm transaction with an uncommitted write: a concurrent build waits
-    // for it to end before it scans the table.
-    let mut crm = db.conn().await;
-    diesel::sql_query("BEGIN")
-        .execute(&mut crm)
-        .await
-        .expect("begin");
-    diesel::sql_query("UPDATE bookings SET version = version + 1 WHERE id = $1::uuid")
-        .bind::<Text, _>(row_id(1))
-        .execute(&mut crm)
-        .await
-        .expect("crm's write");
+    let mut crm = open_crm_write(&db).await;
 
     let run = {
         let settings = db.settings.clone();
@@ -350,6 +339,57 @@ async fn an_interrupted_concurrent_build_leaves_an_invalid_index_that_the_next_m
             .expect("pending")
             .is_empty()
     );
+}
+
+/// Opens a crm transaction with an uncommitted write on `bookings`: a
+/// concurrent build waits for it to end before it scans the table.
+async fn open_crm_write(db: &TestDb) -> AsyncPgConnection {
+    let mut crm = db.conn().await;
+    diesel::sql_query("BEGIN")
+        .execute(&mut crm)
+        .await
+        .expect("begin");
+    diesel::sql_query("UPDATE bookings SET version = version + 1 WHERE id = $1::uuid")
+        .bind::<Text, _>(row_id(1))
+        .execute(&mut crm)
+        .await
+        .expect("crm's write");
+    crm
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrent_build_waits_out_old_transactions_past_the_session_timeouts() {
+    let db = TestDb::empty().await;
+    crm_bookings(&db, 1000).await;
+    let mut crm = open_crm_write(&db).await;
+
+    // The worker's sessions give up on a statement or a lock after this;
+    // a concurrent build must not (it blocks no write, and giving up
+    // would leave an INVALID index on every large or busy table).
+    let timeout = Duration::from_millis(500);
+    let mut settings = db.settings.clone();
+    settings.statement_timeout = timeout;
+    let run = tokio::spawn(async move { db::migrate::run_migrations(&settings).await });
+    wait_until(
+        "the concurrent build to wait for crm's transaction",
+        Duration::from_secs(30),
+        || async { waiting_build_pid(&db).await.is_some() },
+    )
+    .await;
+    // Deliberate fault timing: crm's transaction stays open past the timeouts.
+    tokio::time::sleep(timeout * 3).await;
+    assert!(!run.is_finished(), "the build gave up waiting");
+    diesel::sql_query("COMMIT")
+        .execute(&mut crm)
+        .await
+        .expect("commit");
+    let applied = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("migrate ends")
+        .expect("task")
+        .expect("migrate succeeds once crm's transaction ended");
+    assert_eq!(applied.len(), migration_count(), "{applied:?}");
+    assert_both_indexes_valid(&db).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
