@@ -18,7 +18,8 @@
 -- database that has not applied it gets the table (when missing) here and
 -- the indexes from the concurrent migrations. Both histories end with the
 -- same two valid indexes under the same names and definitions
--- (tests/it/schema.rs checks the upgrade path and a fresh one). The text
+-- (tests/it/live_migration.rs checks the upgrade path, tests/it/schema.rs
+-- the definitions on a fresh database). The text
 -- the first release ran is in the repository's history.
 CREATE TABLE IF NOT EXISTS bookings (
     id                 uuid        PRIMARY KEY,
