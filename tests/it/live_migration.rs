@@ -5,6 +5,10 @@
 //!
 //! Each test starts from crm's side: the table exists (with rows) before the
 //! worker's first `migrate`, as on a first rollout onto a crm database.
+//!
+//! The 1,000,000-row test is `#[ignore]`d in the parallel suite and run
+//! alone by `scripts/test.sh` afterwards; by hand:
+//! `bash scripts/test.sh --test it live_migration:: -- --include-ignored --nocapture`.
 
 use std::{
     sync::{
@@ -169,6 +173,7 @@ const MAX_WRITE_WAIT: Duration = Duration::from_millis(300);
 const BUSY_TABLE_ROWS: u64 = 1_000_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "loads the server for a while: scripts/test.sh runs it alone after the suite"]
 async fn migrating_a_busy_million_row_bookings_table_never_holds_its_writers() {
     let db = TestDb::empty().await;
     let seeded = Instant::now();
