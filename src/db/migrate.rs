@@ -103,12 +103,14 @@ async fn apply_pending(
         harness = AsyncMigrationHarness::new(conn);
         let ran = run_one(&mut harness, &version);
         let mut conn = harness.into_inner();
+        // A failed migration ends the run (and the session): its error is
+        // the one to report, the timeouts need no restoring.
+        if let Err(e) = ran {
+            return (conn, Err(e));
+        }
         if let Some(saved) = saved
             && let Err(e) = restore_timeouts(&mut conn, &saved).await
         {
-            return (conn, Err(e));
-        }
-        if let Err(e) = ran {
             return (conn, Err(e));
         }
         tracing::info!(version = %version, concurrent = !in_transaction, "migration applied");
