@@ -51,6 +51,12 @@ if [[ -z "${OTELCOL_BIN:-}" ]]; then
 fi
 
 cargo test --workspace --locked "$@"
+# Tests marked #[ignore] load the server heavily (a 1,000,000-row table):
+# they run after the suite, one at a time, so they cannot make the suite's
+# timing tests late. With arguments, add `-- --include-ignored` to get them.
+if [[ $# -eq 0 ]]; then
+  cargo test --locked --test it -- --ignored --test-threads=1
+fi
 
 # Each test drops its own database when it ends (tests/it/support/db.rs);
 # on the server started here, one left over is a bug.

@@ -1,5 +1,5 @@
--- Removes only what this worker owns: its two partial indexes. The
--- bookings table belongs to crm (the up migration creates it only when it
--- is missing) and stays, with its rows, whatever this revert does.
-DROP INDEX IF EXISTS ix_bookings_booking_expires_at;
-DROP INDEX IF EXISTS ix_bookings_reserve_expires_at;
+-- Nothing to revert. The bookings table belongs to crm (the up migration
+-- creates it only when it is missing) and stays, with its rows, whatever a
+-- revert does. The worker's partial indexes on it are dropped, CONCURRENTLY,
+-- by the down migrations of 2026-12-04-000001 and 2026-12-04-000002, which
+-- a revert runs before this one.

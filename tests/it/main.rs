@@ -10,6 +10,7 @@ mod deadline_wake;
 mod expiry_cycle;
 mod faults;
 mod java_consumer;
+mod live_migration;
 mod outbox_parking;
 mod pg_tls;
 mod publisher;

@@ -1,6 +1,6 @@
 //! The schema and its edges against a real PostgreSQL: the migration's
 //! partial indexes state the repository's predicates, down migrations
-//! leave crm's table alone, concurrent `migrate` runs serialise, and a
+//! leave crm's table alone (live-table migration: live_migration.rs), and a
 //! batch is all or nothing under shutdown and failed writes (with the
 //! domain-event subscriber's contract).
 
@@ -16,7 +16,7 @@ use booking_expiration::{
     db::{
         self,
         bookings::{self, BookingRow},
-        migrate::{MIGRATION_LOCK_KEY, MIGRATIONS},
+        migrate::MIGRATIONS,
     },
     domain::{BookingExpired, DomainEventSubscriber, Phase},
     expiry::{CycleError, ExpiryWorker},
@@ -126,6 +126,12 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
     let db = TestDb::new().await;
     let booking = NewBooking::new("Reserved").reserve_deadline(t0());
     db.insert(&booking).await;
+    // An index of crm's own on its table.
+    db.exec_sql("CREATE INDEX crm_bookings_tenant ON bookings (tenant_id)")
+        .await;
+    let columns_sql = "SELECT count(*) AS n FROM information_schema.columns \
+                        WHERE table_schema = 'public' AND table_name = 'bookings'";
+    let columns = db.count(columns_sql).await;
 
     let mut harness = AsyncMigrationHarness::new(db.conn().await);
     let reverted: Vec<String> = harness
@@ -142,6 +148,15 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
     let stored: BookingRow = db.booking(booking.id).await;
     assert_eq!(stored.status, "Reserved");
     assert_eq!(stored.reserve_expires_at, Some(t0()));
+    assert!(
+        exists(&db, "crm_bookings_tenant").await,
+        "crm's index is gone"
+    );
+    assert_eq!(
+        db.count(columns_sql).await,
+        columns,
+        "crm's columns changed"
+    );
     // Everything the worker owns is gone.
     for owned in [
         bookings::partial_index(Phase::Reserve),
@@ -160,61 +175,6 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
     assert_eq!(applied.len(), migration_count(), "{applied:?}");
     assert!(exists(&db, bookings::partial_index(Phase::Reserve)).await);
     assert_eq!(db.booking(booking.id).await, stored);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_migrate_runs_serialise() {
-    let db = TestDb::empty().await;
-    let mut holder = db.conn().await;
-    diesel::sql_query("SELECT pg_advisory_lock($1)")
-        .bind::<BigInt, _>(MIGRATION_LOCK_KEY)
-        .execute(&mut holder)
-        .await
-        .expect("take the migration lock");
-
-    let runs: Vec<_> = (0..2)
-        .map(|_| {
-            let settings = db.settings.clone();
-            tokio::spawn(async move { db::migrate::run_migrations(&settings).await })
-        })
-        .collect();
-    let waiting = format!(
-        "SELECT count(*) AS n FROM pg_stat_activity \
-          WHERE datname = '{}' AND wait_event_type = 'Lock' AND wait_event = 'advisory'",
-        db.name
-    );
-    wait_until(
-        "both runs to wait for the migration lock",
-        Duration::from_secs(10),
-        || async { db.count(&waiting).await == 2 },
-    )
-    .await;
-    // Deliberate fault timing: while the lock is held, nothing migrates.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(runs.iter().all(|run| !run.is_finished()));
-    assert!(!exists(&db, "booking_expiration_outbox").await);
-
-    diesel::sql_query("SELECT pg_advisory_unlock($1)")
-        .bind::<BigInt, _>(MIGRATION_LOCK_KEY)
-        .execute(&mut holder)
-        .await
-        .expect("release the migration lock");
-    let mut applied = Vec::new();
-    for run in runs {
-        let versions = tokio::time::timeout(Duration::from_secs(30), run)
-            .await
-            .expect("migrate completes once the lock is free")
-            .expect("task")
-            .expect("each run succeeds");
-        applied.push(versions.len());
-    }
-    applied.sort_unstable();
-    assert_eq!(
-        applied,
-        [0, migration_count()],
-        "one run applies every migration, the other finds the schema current"
-    );
-    assert!(exists(&db, "booking_expiration_outbox").await);
 }
 
 /// How many migrations the binary embeds (one folder each under migrations/).
