@@ -1,6 +1,12 @@
 //! PostgreSQL access: the pool, the embedded migrations and the two
 //! repositories. All SQL of the worker lives under this module; every value
 //! reaches SQL as a bound parameter.
+//!
+//! Every unit of work runs in an explicit transaction, reads included, and
+//! the pool checks connections with the simple protocol: through a pooler
+//! in transaction mode (`DATABASE_POOLER=transaction`) a server connection
+//! is ours only inside a transaction, and a statement prepared outside one
+//! could be run on another server connection than the one that prepared it.
 
 pub mod bookings;
 pub mod migrate;

@@ -6,19 +6,26 @@ use std::time::Duration;
 use diesel::ConnectionError;
 use diesel_async::{
     AsyncPgConnection, SimpleAsyncConnection,
-    pooled_connection::{AsyncDieselConnectionManager, ManagerConfig},
+    pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod},
 };
 use futures_util::FutureExt;
 
 use super::DbError;
-use crate::config::{DatabaseSettings, DatabaseUrl};
+use crate::config::{DatabaseSettings, DatabaseUrl, Pooler};
 
 pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection<'a> =
     bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
-/// Session settings applied to every new connection.
+/// Session settings applied to every new connection; none through a
+/// transaction pooler, where a `SET` would stay on a server connection that
+/// other clients (crm) get next, and would not follow this client to the
+/// next one: there the limits belong on the role (README, "Behind a
+/// connection pooler").
 fn session_setup_sql(settings: &DatabaseSettings) -> String {
+    if settings.pooler == Pooler::Transaction {
+        return String::new();
+    }
     let millis = |limit: Duration| limit.as_millis().max(1);
     let statement_ms = millis(settings.statement_timeout);
     // Locks are taken with SKIP LOCKED and never waited for; the lock
@@ -35,16 +42,28 @@ fn session_setup_sql(settings: &DatabaseSettings) -> String {
     )
 }
 
-/// Connects as `DATABASE_URL` says (TLS per its libpq parameters, see
-/// [`super::tls`]) and applies the session settings.
+/// Connects as `DATABASE_URL` says (TLS per its libpq parameters, several
+/// hosts and `target_session_attrs` as libpq, see [`super::tls`]) and
+/// applies the session settings.
+///
+/// Through a transaction pooler the statement cache is off (see
+/// [`super::tls`]): diesel-async prepares each statement under a name
+/// (`s0`, `s1`, … counted per process), and a cached name would live on
+/// whichever server connection the pooler lent, where another worker
+/// process's `s8` then collides. Uncached, a statement is prepared, run and
+/// closed within one transaction, and every unit of work here is one (see
+/// [`super`]).
 async fn establish_with(
     url: &DatabaseUrl,
+    pooler: Pooler,
     setup_sql: &str,
 ) -> Result<AsyncPgConnection, ConnectionError> {
-    let mut conn = super::tls::connect(url).await?;
-    conn.batch_execute(setup_sql)
-        .await
-        .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
+    let mut conn = super::tls::connect(url, pooler).await?;
+    if !setup_sql.is_empty() {
+        conn.batch_execute(setup_sql)
+            .await
+            .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
+    }
     Ok(conn)
 }
 
@@ -54,7 +73,7 @@ pub async fn establish(settings: &DatabaseSettings) -> Result<AsyncPgConnection,
     let setup = session_setup_sql(settings);
     tokio::time::timeout(
         settings.connect_timeout,
-        establish_with(&settings.url, &setup),
+        establish_with(&settings.url, settings.pooler, &setup),
     )
     .await
     .map_err(|_| DbError::ConnectTimeout(settings.connect_timeout))?
@@ -79,14 +98,23 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
     let setup = session_setup_sql(settings);
     let mut config = ManagerConfig::<AsyncPgConnection>::default();
     let url = settings.url.clone();
+    let pooler = settings.pooler;
     // The manager's URL string is not used: each new connection is made
     // from the parsed URL, its TLS configuration built (and its
     // certificate files read) again.
     config.custom_setup = Box::new(move |_| {
         let url = url.clone();
         let setup = setup.clone();
-        async move { establish_with(&url, &setup).await }.boxed()
+        async move { establish_with(&url, pooler, &setup).await }.boxed()
     });
+    // Checked at every checkout with a simple-protocol `SELECT 1`: no
+    // prepared statement (which a transaction pooler could split across
+    // server connections), and a connection whose server died or was
+    // demoted fails here and is replaced by a new one, which goes to
+    // whichever host is writable now (`target_session_attrs`).
+    config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
+        conn.batch_execute("SELECT 1").boxed()
+    }));
     let manager = AsyncDieselConnectionManager::new_with_config(settings.url.connect_url(), config);
     bb8::Pool::builder()
         .max_size(settings.pool_size)

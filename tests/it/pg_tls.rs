@@ -243,10 +243,10 @@ async fn a_rotated_client_certificate_is_used_by_the_next_connection() {
         key.display()
     ));
     let settings = DatabaseSettings {
-        url: DatabaseUrl::parse(&url).expect("valid URL and files"),
         pool_size: 2,
         connect_timeout: Duration::from_secs(5),
         statement_timeout: Duration::from_secs(30),
+        ..DatabaseSettings::new(DatabaseUrl::parse(&url).expect("valid URL and files"))
     };
     let pool = db::build_pool(&settings);
 
