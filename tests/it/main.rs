@@ -12,6 +12,7 @@ mod faults;
 mod java_consumer;
 mod outbox_parking;
 mod pg_tls;
+mod pgbouncer;
 mod publisher;
 mod publisher_seams;
 mod schema;
