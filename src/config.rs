@@ -287,6 +287,17 @@ impl DatabaseUrl {
         &self.connect
     }
 
+    /// Whether the URL asks for a writable server
+    /// (`target_session_attrs=read-write`).
+    pub fn wants_read_write(&self) -> bool {
+        self.connect
+            .parse::<tokio_postgres::Config>()
+            .is_ok_and(|config| {
+                config.get_target_session_attrs()
+                    == tokio_postgres::config::TargetSessionAttrs::ReadWrite
+            })
+    }
+
     /// The TLS settings of the URL.
     pub fn tls(&self) -> &pg_tls::PgTls {
         &self.tls
@@ -721,6 +732,8 @@ mod tests {
             config.get_target_session_attrs(),
             tokio_postgres::config::TargetSessionAttrs::ReadWrite
         );
+        assert!(url.wants_read_write());
+        assert!(!DatabaseUrl::parse("postgres://u@h1,h2/db").unwrap().wants_read_write());
         assert_eq!(
             url.redacted(),
             "postgres://u:***@h1:5433,h2:5434/db?target_session_attrs=read-write\

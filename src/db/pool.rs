@@ -42,6 +42,13 @@ fn session_setup_sql(settings: &DatabaseSettings) -> String {
     )
 }
 
+/// The checkout check with `target_session_attrs=read-write`: fails on a
+/// session that can no longer write.
+const READ_WRITE_CHECK: &str = "DO $$ BEGIN \
+     IF current_setting('transaction_read_only') = 'on' THEN \
+       RAISE EXCEPTION 'the server no longer accepts writes (target_session_attrs=read-write)'; \
+     END IF; END $$";
+
 /// Connects as `DATABASE_URL` says (TLS per its libpq parameters, several
 /// hosts and `target_session_attrs` as libpq, see [`super::tls`]) and
 /// applies the session settings.
@@ -107,13 +114,19 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
         let setup = setup.clone();
         async move { establish_with(&url, pooler, &setup).await }.boxed()
     });
-    // Checked at every checkout with a simple-protocol `SELECT 1`: no
-    // prepared statement (which a transaction pooler could split across
-    // server connections), and a connection whose server died or was
-    // demoted fails here and is replaced by a new one, which goes to
-    // whichever host is writable now (`target_session_attrs`).
-    config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn| {
-        conn.batch_execute("SELECT 1").boxed()
+    // Checked at every checkout with the simple protocol: no prepared
+    // statement (which a transaction pooler could split across server
+    // connections). A connection whose server died fails here, and so does,
+    // with target_session_attrs=read-write, one whose server stopped taking
+    // writes (demoted, or fenced read-only); it is replaced by a new one,
+    // which goes to whichever host is writable now.
+    let check = if settings.url.wants_read_write() {
+        READ_WRITE_CHECK
+    } else {
+        "SELECT 1"
+    };
+    config.recycling_method = RecyclingMethod::CustomFunction(Box::new(move |conn| {
+        conn.batch_execute(check).boxed()
     }));
     let manager = AsyncDieselConnectionManager::new_with_config(settings.url.connect_url(), config);
     bb8::Pool::builder()

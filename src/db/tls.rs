@@ -351,7 +351,14 @@ impl Failure {
                 } else if let Some(tls_error) = rustls_error(error) {
                     format!("TLS (sslmode={}): {}", tls.mode, explain(tls_error, tls))
                 } else {
-                    error.to_string()
+                    // "error connecting to server" alone says nothing: add
+                    // why (refused, timed out, or with several hosts and
+                    // target_session_attrs=read-write, the last host's
+                    // "database does not allow writes").
+                    match error.source() {
+                        Some(cause) => format!("{error}: {cause}"),
+                        None => error.to_string(),
+                    }
                 }
             }
         }
