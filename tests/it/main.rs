@@ -8,6 +8,7 @@ mod support;
 mod cli;
 mod deadline_wake;
 mod expiry_cycle;
+mod failover;
 mod faults;
 mod java_consumer;
 mod outbox_parking;
