@@ -206,3 +206,77 @@ async fn the_worker_follows_a_promoted_standby_and_loses_nothing() {
         errors.len()
     );
 }
+
+#[derive(QueryableByName)]
+struct ServerPort {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    port: i32,
+}
+
+async fn server_port(pool: &db::PgPool) -> i32 {
+    let mut conn = pool.get().await.expect("a pooled connection");
+    diesel::sql_query("SELECT inet_server_port() AS port")
+        .get_result::<ServerPort>(&mut *conn)
+        .await
+        .expect("server port")
+        .port
+}
+
+/// Invariant: with `target_session_attrs=read-write`, a pooled connection
+/// whose server stops taking writes without dropping its sessions (fenced
+/// read-only, as some failover managers do to the old primary) is
+/// discarded at the next checkout, and the new one goes to the writable
+/// host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_connections_leave_a_server_that_turned_read_only() {
+    let first = Postgres::start(&tempdir("pg-fenced"), free_port(), &["-c", "fsync=off"])
+        .expect("start a server");
+    let name = format!("be_test_{}", uuid::Uuid::new_v4().simple());
+    testkit::postgres::create_database(&first.admin_url, &name)
+        .await
+        .unwrap();
+    testkit::postgres::create_database(&admin_url(), &name)
+        .await
+        .unwrap();
+    // One password for both hosts, as for the nodes of one cluster.
+    let shared = url::Url::parse(&admin_url()).unwrap();
+    let password = shared.password().unwrap().to_owned();
+    let second_port = shared.port().unwrap();
+    testkit::postgres::exec(
+        &first.admin_url,
+        &format!("ALTER ROLE postgres PASSWORD '{password}'"),
+    )
+    .await
+    .unwrap();
+    let both = format!(
+        "postgres://postgres:{password}@127.0.0.1:{},127.0.0.1:{second_port}/{name}?target_session_attrs=read-write",
+        first.port()
+    );
+    let settings = booking_expiration::config::DatabaseSettings {
+        pool_size: 1,
+        ..database_settings(&both)
+    };
+    let pool = db::build_pool(&settings);
+    assert_eq!(server_port(&pool).await, i32::from(first.port()));
+
+    let first_admin = format!(
+        "postgres://postgres:{password}@127.0.0.1:{}/postgres",
+        first.port()
+    );
+    for sql in [
+        "ALTER SYSTEM SET default_transaction_read_only = on",
+        "SELECT pg_reload_conf()",
+    ] {
+        testkit::postgres::exec(&first_admin, sql).await.unwrap();
+    }
+    wait_until(
+        "the pool on the writable host",
+        Duration::from_secs(10),
+        || async { server_port(&pool).await == i32::from(second_port) },
+    )
+    .await;
+    drop(pool);
+    testkit::postgres::drop_database(&admin_url(), &name)
+        .await
+        .unwrap();
+}
