@@ -733,7 +733,11 @@ mod tests {
             tokio_postgres::config::TargetSessionAttrs::ReadWrite
         );
         assert!(url.wants_read_write());
-        assert!(!DatabaseUrl::parse("postgres://u@h1,h2/db").unwrap().wants_read_write());
+        assert!(
+            !DatabaseUrl::parse("postgres://u@h1,h2/db")
+                .unwrap()
+                .wants_read_write()
+        );
         assert_eq!(
             url.redacted(),
             "postgres://u:***@h1:5433,h2:5434/db?target_session_attrs=read-write\

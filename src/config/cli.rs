@@ -405,7 +405,8 @@ mod tests {
         .unwrap();
         assert_eq!(settings.database.pooler, Pooler::Transaction);
         assert!(settings.database.direct_url.is_some());
-        let error = run(&[&REQUIRED[..], &["--database-pooler", "statement"]].concat()).unwrap_err();
+        let error =
+            run(&[&REQUIRED[..], &["--database-pooler", "statement"]].concat()).unwrap_err();
         assert_eq!(error.setting, "DATABASE_POOLER");
         let error = run(&[
             &REQUIRED[..],

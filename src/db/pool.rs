@@ -55,11 +55,13 @@ const READ_WRITE_CHECK: &str = "DO $$ BEGIN \
 ///
 /// Through a transaction pooler the statement cache is off (see
 /// [`super::tls`]): diesel-async prepares each statement under a name
-/// (`s0`, `s1`, … counted per process), and a cached name would live on
-/// whichever server connection the pooler lent, where another worker
-/// process's `s8` then collides. Uncached, a statement is prepared, run and
-/// closed within one transaction, and every unit of work here is one (see
-/// [`super`]).
+/// (`s0`, `s1`, … counted per process) in one exchange and runs and closes
+/// it in later ones. Outside a transaction the pooler may send those to
+/// different server connections, leaving a name behind where another
+/// process's statement of that name collides (`prepared statement "s8"
+/// already exists`). Every unit of work here is a transaction (see
+/// [`super`]), so all of a statement's exchanges reach one server
+/// connection, and uncached, nothing outlives the transaction.
 async fn establish_with(
     url: &DatabaseUrl,
     pooler: Pooler,
@@ -125,9 +127,8 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
     } else {
         "SELECT 1"
     };
-    config.recycling_method = RecyclingMethod::CustomFunction(Box::new(move |conn| {
-        conn.batch_execute(check).boxed()
-    }));
+    config.recycling_method =
+        RecyclingMethod::CustomFunction(Box::new(move |conn| conn.batch_execute(check).boxed()));
     let manager = AsyncDieselConnectionManager::new_with_config(settings.url.connect_url(), config);
     bb8::Pool::builder()
         .max_size(settings.pool_size)

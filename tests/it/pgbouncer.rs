@@ -69,7 +69,11 @@ async fn wait_for_events(topic: &str, n: usize, timeout: Duration) {
     })
     .await;
     let by_key = events_by_key(topic).await;
-    assert_eq!(by_key.len(), n, "no event for a booking that did not expire");
+    assert_eq!(
+        by_key.len(),
+        n,
+        "no event for a booking that did not expire"
+    );
     assert!(by_key.values().all(|ids| ids.len() == 1), "one ce_id each");
 }
 
@@ -137,7 +141,9 @@ async fn migrate_through_a_transaction_pooler_uses_the_direct_url() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
-        stderr.contains("DATABASE_DIRECT_URL: is required by migrate when DATABASE_POOLER=transaction"),
+        stderr.contains(
+            "DATABASE_DIRECT_URL: is required by migrate when DATABASE_POOLER=transaction"
+        ),
         "{stderr}"
     );
     for args in [&["migrate"][..], &["migrate", "--check"]] {
@@ -194,11 +200,7 @@ async fn run_through_the_pooler_without_the_direct_url_polls() {
     let (db, _bouncer, url) = pooled().await;
     let topic = create_topic(3).await;
     db.seed_due(300, wall_now()).await;
-    let mut running = Running::spawn(run_command(
-        &url,
-        &topic,
-        &[("OUTBOX_POLL_INTERVAL", "1s")],
-    ));
+    let mut running = Running::spawn(run_command(&url, &topic, &[("OUTBOX_POLL_INTERVAL", "1s")]));
     wait_for_events(&topic, 300, Duration::from_secs(60)).await;
     let due_at = wall_now() + chrono::Duration::seconds(1);
     let late: Vec<NewBooking> = (0..20)

@@ -21,7 +21,9 @@ impl PgBouncer {
     /// server connections per database and user.
     pub fn start(dir: &Path, port: u16, upstream_admin_url: &str, pool_size: u32) -> Result<Self> {
         let upstream = url::Url::parse(upstream_admin_url).context("the upstream URL parses")?;
-        let password = upstream.password().context("the upstream URL has a password")?;
+        let password = upstream
+            .password()
+            .context("the upstream URL has a password")?;
         let upstream_port = upstream.port().unwrap_or(5432).to_string();
         let dir_text = dir
             .to_str()
