@@ -11,6 +11,7 @@
 #       server connections as they do in production); waits until it
 #       accepts connections
 #   scripts/pgbouncer.sh stop DIR
+#   scripts/pgbouncer.sh install         install Debian's pgbouncer if missing
 #
 # Environment: PG_USER (default postgres) and PG_PASSWORD (required): the
 # role the clients log in as; PgBouncer logs in to PostgreSQL with it too.
@@ -19,13 +20,18 @@ set -euo pipefail
 log() { echo "pgbouncer.sh: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+installed() { command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer ]]; }
+
 ensure_installed() {
-  command -v pgbouncer >/dev/null 2>&1 && return 0
-  [[ -x /usr/sbin/pgbouncer ]] && return 0
+  installed && return 0
+  # Tests start several PgBouncers at once: one installs, the others wait.
+  exec 9>"${TMPDIR:-/tmp}/booking-expiration-pgbouncer-install.lock"
+  flock 9
+  installed && return 0
   log "pgbouncer not found; installing Debian's pgbouncer"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >&2
-  apt-get install -y -qq pgbouncer >&2
+  apt-get install -y -qq -o DPkg::Lock::Timeout=300 pgbouncer >&2
 }
 
 pgbouncer_bin() { command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer; }
@@ -98,5 +104,6 @@ cmd_stop() {
 case "${1:-}" in
   start) [[ $# -ge 4 ]] || die "usage: start DIR PORT UPSTREAM_PORT [POOL_SIZE]"; shift; cmd_start "$@" ;;
   stop) [[ $# -eq 2 ]] || die "usage: stop DIR"; cmd_stop "$2" ;;
+  install) ensure_installed ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

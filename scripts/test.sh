@@ -44,6 +44,9 @@ if [[ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]]; then
   echo "test.sh: Kafka on $KAFKA_BOOTSTRAP_SERVERS" >&2
 fi
 
+# tests/it/pgbouncer.rs starts PgBouncers of its own (Debian's package).
+bash scripts/pgbouncer.sh install
+
 cargo test --workspace --locked "$@"
 
 # Each test drops its own database when it ends (tests/it/support/db.rs);
