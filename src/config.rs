@@ -382,6 +382,8 @@ pub struct DatabaseSettings {
     /// A direct (session) connection past the pooler
     /// (`DATABASE_DIRECT_URL`): the commit wake-up's LISTEN and `migrate`.
     pub direct_url: Option<DatabaseUrl>,
+    /// `url` is `DATABASE_DIRECT_URL` (errors name that setting).
+    pub is_direct: bool,
 }
 
 impl DatabaseSettings {
@@ -394,6 +396,7 @@ impl DatabaseSettings {
             statement_timeout: defaults::DATABASE_STATEMENT_TIMEOUT,
             pooler: defaults::DATABASE_POOLER,
             direct_url: None,
+            is_direct: false,
         }
     }
 
@@ -401,15 +404,16 @@ impl DatabaseSettings {
     /// given, else `DATABASE_URL` unless that is a transaction pooler,
     /// which cannot keep a session (then `None`).
     pub fn session(&self) -> Option<DatabaseSettings> {
-        let url = match (&self.direct_url, self.pooler) {
-            (Some(direct), _) => direct.clone(),
-            (None, Pooler::None) => self.url.clone(),
+        let (url, is_direct) = match (&self.direct_url, self.pooler) {
+            (Some(direct), _) => (direct.clone(), true),
+            (None, Pooler::None) => (self.url.clone(), self.is_direct),
             (None, Pooler::Transaction) => return None,
         };
         Some(DatabaseSettings {
             url,
             pooler: Pooler::None,
             direct_url: None,
+            is_direct,
             ..self.clone()
         })
     }
@@ -778,6 +782,8 @@ mod tests {
         let session = with_direct.for_migrate().unwrap();
         assert_eq!(session.url, url("postgres://u:p@db:5432/crm"));
         assert_eq!(session.pooler, Pooler::None);
+        assert!(session.is_direct, "its errors name DATABASE_DIRECT_URL");
+        assert!(!direct.session().unwrap().is_direct);
         assert_eq!(session.statement_timeout, with_direct.statement_timeout);
     }
 

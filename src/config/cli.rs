@@ -169,6 +169,7 @@ impl DatabaseArgs {
             statement_timeout: self.database_statement_timeout,
             pooler: self.database_pooler,
             direct_url: self.database_direct_url,
+            is_direct: false,
         })
     }
 }

@@ -25,6 +25,9 @@ use std::time::Duration;
 pub enum DbError {
     #[error("cannot connect to PostgreSQL at DATABASE_URL")]
     Connect(#[source] diesel::ConnectionError),
+    /// The session connection past the pooler (LISTEN, `migrate`).
+    #[error("cannot connect to PostgreSQL at DATABASE_DIRECT_URL")]
+    ConnectDirect(#[source] diesel::ConnectionError),
     #[error("no PostgreSQL connection within {0:?} (DATABASE_URL)")]
     ConnectTimeout(Duration),
     #[error("no pooled PostgreSQL connection: {0}")]

@@ -86,7 +86,13 @@ pub async fn establish(settings: &DatabaseSettings) -> Result<AsyncPgConnection,
     )
     .await
     .map_err(|_| DbError::ConnectTimeout(settings.connect_timeout))?
-    .map_err(DbError::Connect)
+    .map_err(|error| {
+        if settings.is_direct {
+            DbError::ConnectDirect(error)
+        } else {
+            DbError::Connect(error)
+        }
+    })
 }
 
 /// Opens and closes one connection: a wrong URL, password or host is

@@ -146,6 +146,24 @@ async fn migrate_through_a_transaction_pooler_uses_the_direct_url() {
         ),
         "{stderr}"
     );
+    // A failing direct connection is named as such.
+    let mut wrong = url::Url::parse(&db.url).unwrap();
+    wrong.set_password(Some("not-the-password")).unwrap();
+    let mut failing = binary();
+    failing
+        .arg("migrate")
+        .env("DATABASE_DIRECT_URL", wrong.as_str());
+    through_pooler(&mut failing, &url);
+    let output = failing.output().expect("migrate");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(
+            "cannot connect to PostgreSQL at DATABASE_DIRECT_URL: password authentication failed"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("not-the-password"), "{stderr}");
     for args in [&["migrate"][..], &["migrate", "--check"]] {
         let mut direct = binary();
         direct.args(args).env("DATABASE_DIRECT_URL", &db.url);
