@@ -9,6 +9,15 @@
 #   scripts/postgres.sh stop DIR         fast shutdown
 #   scripts/postgres.sh restart DIR      fast restart (fault tests)
 #   scripts/postgres.sh url DIR          print the DATABASE_URL again
+#   scripts/postgres.sh standby PRIMARY_DIR DIR PORT [options...]
+#       a streaming standby of the running cluster in PRIMARY_DIR
+#       (pg_basebackup -R), started on 127.0.0.1:PORT; waits until it
+#       streams; prints its DATABASE_URL (same password)
+#   scripts/postgres.sh sync PRIMARY_DIR  make the primary's commits wait
+#       for the standby (synchronous_standby_names = '*'); waits until the
+#       standby is `sync`
+#   scripts/postgres.sh promote DIR      promote the standby in DIR
+#   scripts/postgres.sh kill DIR         SIGKILL the postmaster (a crash)
 #
 # Environment: PG_PASSWORD (default: random, stored in DIR/password).
 set -euo pipefail
@@ -92,10 +101,63 @@ cmd_restart() {
     -m fast -w -t 60 restart >&2
 }
 
+psql_local() {
+  local dir="$1"; shift
+  as_owner psql -X -q -At -h "$dir" -p "$(cat "$dir/port")" -U postgres -d postgres "$@"
+}
+
+cmd_standby() {
+  local primary="$1" dir="$2" port="$3"; shift 3
+  ensure_installed
+  primary="$(cd "$primary" && pwd)"
+  mkdir -p "$dir"
+  dir="$(cd "$dir" && pwd)"
+  cp "$primary/password" "$dir/password"
+  [[ "$(id -u)" == 0 ]] && chown -R postgres "$dir"
+  as_owner env PGPASSWORD="$(cat "$primary/password")" "$BINDIR/pg_basebackup" \
+    -h 127.0.0.1 -p "$(cat "$primary/port")" -U postgres -D "$dir/data" -R -X stream \
+    -c fast >"$dir/basebackup.log" 2>&1 \
+    || { cat "$dir/basebackup.log" >&2; die "pg_basebackup failed"; }
+  cmd_start "$dir" "$port" -c hot_standby=on "$@" >/dev/null
+  local i
+  for i in $(seq 1 200); do
+    [[ "$(psql_local "$primary" -c "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")" -ge 1 ]] \
+      && { url_of "$dir"; return 0; }
+    sleep 0.1
+  done
+  die "the standby in $dir does not stream"
+}
+
+cmd_sync() {
+  local primary="$1" i
+  psql_local "$primary" -c "ALTER SYSTEM SET synchronous_standby_names = '*'" -c "SELECT pg_reload_conf()" >/dev/null
+  for i in $(seq 1 200); do
+    [[ "$(psql_local "$primary" -c "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")" -ge 1 ]] && return 0
+    sleep 0.1
+  done
+  die "no synchronous standby"
+}
+
+cmd_promote() {
+  local dir="$1"
+  ensure_installed
+  as_owner "$BINDIR/pg_ctl" -D "$dir/data" -w -t 60 promote >&2
+}
+
+cmd_kill() {
+  local dir="$1"
+  [[ -f "$dir/data/postmaster.pid" ]] || die "no postmaster.pid in $dir/data"
+  kill -KILL "$(head -n 1 "$dir/data/postmaster.pid")"
+}
+
 case "${1:-}" in
   start) [[ $# -ge 3 ]] || die "usage: start DIR PORT [options]"; shift; cmd_start "$@" ;;
   stop) [[ $# -eq 2 ]] || die "usage: stop DIR"; cmd_stop "$2" ;;
   restart) [[ $# -eq 2 ]] || die "usage: restart DIR"; cmd_restart "$2" ;;
   url) [[ $# -eq 2 ]] || die "usage: url DIR"; url_of "$2" ;;
+  standby) [[ $# -ge 4 ]] || die "usage: standby PRIMARY_DIR DIR PORT [options]"; shift; cmd_standby "$@" ;;
+  sync) [[ $# -eq 2 ]] || die "usage: sync PRIMARY_DIR"; cmd_sync "$2" ;;
+  promote) [[ $# -eq 2 ]] || die "usage: promote DIR"; cmd_promote "$2" ;;
+  kill) [[ $# -eq 2 ]] || die "usage: kill DIR"; cmd_kill "$2" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac

@@ -50,6 +50,9 @@ if [[ -z "${OTELCOL_BIN:-}" ]]; then
   export OTELCOL_BIN
 fi
 
+# tests/it/pgbouncer.rs starts PgBouncers of its own (Debian's package).
+bash scripts/pgbouncer.sh install
+
 cargo test --workspace --locked "$@"
 # Tests marked #[ignore] load the server heavily (a 1,000,000-row table):
 # they run after the suite, one at a time, so they cannot make the suite's

@@ -3,6 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -130,7 +131,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let health = Arc::new(Health::new(clock.now(), roles.worker, roles.publisher));
     let pool = db::build_pool(&db_settings);
     let listener = http::bind(metrics_addr).await?;
-    tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), "starting");
+    tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), pooler = %db_settings.pooler, "starting");
+    if db_settings.pooler == crate::config::Pooler::Transaction {
+        tracing::info!(
+            "DATABASE_POOLER=transaction: no prepared statement outlives its transaction and no \
+             session setting is sent; statement_timeout, lock_timeout and \
+             idle_in_transaction_session_timeout come from the database role"
+        );
+    }
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(http::serve(
         listener,
@@ -176,11 +184,24 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         && !shutdown.is_cancelled()
     {
         let wake = Arc::new(Notify::new());
-        tasks.spawn(outbox::listen_for_commits(
-            db_settings.clone(),
-            Arc::clone(&wake),
-            shutdown.clone(),
-        ));
+        // The commit wake-up LISTENs on a session of its own: DATABASE_URL,
+        // or DATABASE_DIRECT_URL past a pooler. A transaction pooler keeps
+        // no session, so without a direct URL the publisher only polls.
+        match db_settings.session() {
+            Some(session) => {
+                tasks.spawn(outbox::listen_for_commits(
+                    session,
+                    Arc::clone(&wake),
+                    shutdown.clone(),
+                ));
+            }
+            None => tracing::info!(
+                poll_interval_ms = publisher_settings.poll_interval.as_millis() as u64,
+                "no commit wake-up: LISTEN needs a session, which DATABASE_POOLER=transaction \
+                 does not keep and DATABASE_DIRECT_URL is not set; the publisher polls the \
+                 outbox every OUTBOX_POLL_INTERVAL"
+            ),
+        }
         let retention = publisher_settings.retention;
         let publisher = Publisher::new(
             pool.clone(),
@@ -290,46 +311,54 @@ pub async fn status(database: &DatabaseSettings) -> Result<StatusReport, AppErro
     use crate::{db::bookings, domain::Phase};
     let mut conn = db::establish(database).await?;
     let as_of = SystemClock.now();
-    let mut phases = Vec::new();
-    let mut poison = Vec::new();
-    for phase in Phase::ALL {
-        phases.push(PhaseStatus {
-            phase: phase.as_str(),
-            backlog: bookings::count_due(&mut conn, phase, as_of).await?,
-            oldest_due_deadline: bookings::oldest_due_deadline(&mut conn, phase, as_of).await?,
-        });
-        for row in bookings::due_poison_rows(&mut conn, phase, as_of, 100).await? {
-            let reason = match row.to_domain() {
-                Ok(booking) => booking
-                    .expire(as_of)
-                    .err()
-                    .map_or_else(|| "none".to_owned(), |e| e.to_string()),
-                Err(e) => e.to_string(),
-            };
-            poison.push(PoisonRow {
-                booking_id: row.id,
-                tenant_id: row.tenant_id,
-                phase: phase.as_str(),
-                status: row.status.clone(),
-                deadline: row.deadline(phase),
-                reason,
-            });
-        }
-    }
-    let outbox = db::outbox::stats(&mut conn).await?;
-    let parked = db::outbox::parked_rows(&mut conn, 100).await?;
-    Ok(StatusReport {
-        as_of,
-        phases,
-        outbox_unpublished: outbox.unpublished,
-        outbox_oldest_unpublished_at: outbox.oldest_unpublished_at,
-        outbox_oldest_unpublished_age_seconds: outbox
-            .oldest_unpublished_at
-            .map_or(0, |t| (as_of - t).num_seconds().max(0)),
-        poison,
-        outbox_parked: outbox.parked,
-        parked,
-    })
+    // One read-only transaction: one snapshot, and through a transaction
+    // pooler one server connection for all of it (see `db`).
+    let report = conn
+        .transaction(async |conn| {
+            conn.batch_execute("SET TRANSACTION READ ONLY").await?;
+            let mut phases = Vec::new();
+            let mut poison = Vec::new();
+            for phase in Phase::ALL {
+                phases.push(PhaseStatus {
+                    phase: phase.as_str(),
+                    backlog: bookings::count_due(conn, phase, as_of).await?,
+                    oldest_due_deadline: bookings::oldest_due_deadline(conn, phase, as_of).await?,
+                });
+                for row in bookings::due_poison_rows(conn, phase, as_of, 100).await? {
+                    let reason = match row.to_domain() {
+                        Ok(booking) => booking
+                            .expire(as_of)
+                            .err()
+                            .map_or_else(|| "none".to_owned(), |e| e.to_string()),
+                        Err(e) => e.to_string(),
+                    };
+                    poison.push(PoisonRow {
+                        booking_id: row.id,
+                        tenant_id: row.tenant_id,
+                        phase: phase.as_str(),
+                        status: row.status.clone(),
+                        deadline: row.deadline(phase),
+                        reason,
+                    });
+                }
+            }
+            let outbox = db::outbox::stats(conn).await?;
+            let parked = db::outbox::parked_rows(conn, 100).await?;
+            Ok::<_, DbError>(StatusReport {
+                as_of,
+                phases,
+                outbox_unpublished: outbox.unpublished,
+                outbox_oldest_unpublished_at: outbox.oldest_unpublished_at,
+                outbox_oldest_unpublished_age_seconds: outbox
+                    .oldest_unpublished_at
+                    .map_or(0, |t| (as_of - t).num_seconds().max(0)),
+                poison,
+                outbox_parked: outbox.parked,
+                parked,
+            })
+        })
+        .await?;
+    Ok(report)
 }
 
 impl std::fmt::Display for StatusReport {
@@ -393,7 +422,9 @@ pub async fn outbox_retry(
     which: &db::outbox::Unpark,
 ) -> Result<usize, AppError> {
     let mut conn = db::establish(database).await?;
-    let put_back = db::outbox::unpark(&mut conn, which).await?;
+    let put_back = conn
+        .transaction(async |conn| db::outbox::unpark(conn, which).await)
+        .await?;
     tracing::info!(put_back, "parked outbox rows put back");
     Ok(put_back)
 }
@@ -401,18 +432,17 @@ pub async fn outbox_retry(
 /// `seed`: inserts synthetic bookings relative to now.
 pub async fn seed(database: &DatabaseSettings, plan: &SeedSettings) -> Result<u64, AppError> {
     let mut conn = db::establish(database).await?;
-    let inserted = db::seed::seed(
-        &mut conn,
-        &db::seed::SeedPlan {
-            active: plan.active,
-            due_fraction: plan.due_fraction,
-            inactive: plan.inactive,
-            poison: plan.poison,
-            as_of: SystemClock.now(),
-            spread: plan.spread,
-        },
-    )
-    .await?;
+    let plan = db::seed::SeedPlan {
+        active: plan.active,
+        due_fraction: plan.due_fraction,
+        inactive: plan.inactive,
+        poison: plan.poison,
+        as_of: SystemClock.now(),
+        spread: plan.spread,
+    };
+    let inserted = conn
+        .transaction(async |conn| db::seed::seed(conn, &plan).await)
+        .await?;
     tracing::info!(inserted, "bookings seeded");
     Ok(inserted)
 }

@@ -224,31 +224,40 @@ impl DatabaseUrl {
         if raw.is_empty() {
             return Err(ConfigError::new(SETTING, "is empty"));
         }
-        // url::ParseError never echoes the input, so no password leaks here.
-        let url = url::Url::parse(raw)
-            .map_err(|e| ConfigError::new(SETTING, format!("not a valid URL ({e})")))?;
-        if !matches!(url.scheme(), "postgres" | "postgresql") {
+        // The scheme and the hosts are checked here, by hand: the `url`
+        // crate refuses libpq's multi-host form (`h1:5432,h2:5432`), which
+        // tokio-postgres parses. Neither text below quotes the URL.
+        let Some((scheme, _)) = raw.split_once("://") else {
             return Err(ConfigError::new(
                 SETTING,
-                format!(
-                    "scheme must be postgres:// or postgresql://, not {}://",
-                    url.scheme()
-                ),
+                "not a valid URL (expected postgres://user:password@host:port/database)",
             ));
-        }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(ConfigError::new(SETTING, "has no host"));
+        };
+        if !matches!(scheme, "postgres" | "postgresql") {
+            let scheme: String = scheme.chars().take(20).collect();
+            return Err(ConfigError::new(
+                SETTING,
+                format!("scheme must be postgres:// or postgresql://, not {scheme}://"),
+            ));
         }
         let (connect, tls) =
             pg_tls::split_url(raw).map_err(|problem| ConfigError::new(SETTING, problem))?;
         // tokio-postgres's errors name the option, never its value (for a
         // URL; its key=value form, which may quote a character, is not
         // accepted above).
-        connect.parse::<tokio_postgres::Config>().map_err(|e| {
+        let config = connect.parse::<tokio_postgres::Config>().map_err(|e| {
             let cause =
                 std::error::Error::source(&e).map_or_else(String::new, |c| format!(" ({c})"));
             ConfigError::new(SETTING, format!("{e}{cause}"))
         })?;
+        if config.get_hosts().is_empty()
+            || config.get_hosts().iter().any(|host| match host {
+                tokio_postgres::config::Host::Tcp(name) => name.is_empty(),
+                tokio_postgres::config::Host::Unix(_) => false,
+            })
+        {
+            return Err(ConfigError::new(SETTING, "has no host"));
+        }
         if tls.mode.requires_tls() && !crate::db::tls::cpu_supported() {
             return Err(ConfigError::new(
                 SETTING,
@@ -278,28 +287,86 @@ impl DatabaseUrl {
         &self.connect
     }
 
+    /// Whether the URL asks for a writable server
+    /// (`target_session_attrs=read-write`).
+    pub fn wants_read_write(&self) -> bool {
+        self.connect
+            .parse::<tokio_postgres::Config>()
+            .is_ok_and(|config| {
+                config.get_target_session_attrs()
+                    == tokio_postgres::config::TargetSessionAttrs::ReadWrite
+            })
+    }
+
     /// The TLS settings of the URL.
     pub fn tls(&self) -> &pg_tls::PgTls {
         &self.tls
     }
 
-    /// The URL with the password replaced, for logs.
+    /// The URL with the password replaced, for logs: the one in the user
+    /// part and a `password` parameter. Works on the text, so the
+    /// multi-host form is redacted too.
     pub fn redacted(&self) -> String {
-        match url::Url::parse(&self.raw) {
-            Ok(mut url) => {
-                if url.password().is_some() {
-                    let _ = url.set_password(Some("***"));
-                }
-                url.to_string()
-            }
-            Err(_) => "<invalid>".to_owned(),
-        }
+        redact_url(&self.raw)
     }
+}
+
+/// `raw` with the password of the user part and of a `password` query
+/// parameter replaced by `***`.
+fn redact_url(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return "<invalid>".to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{hosts}"),
+            None => format!("{userinfo}@{hosts}"),
+        },
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
 }
 
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
+    }
+}
+
+/// What sits between the worker and PostgreSQL (`DATABASE_POOLER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooler {
+    /// Nothing, or a pooler in session mode: a connection is one session.
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`):
+    /// a server session is the worker's only during a transaction. Named
+    /// prepared statements, session `SET`s and LISTEN do not survive it.
+    Transaction,
+}
+
+impl fmt::Display for Pooler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Pooler::None => "none",
+            Pooler::Transaction => "transaction",
+        })
     }
 }
 
@@ -310,9 +377,60 @@ pub struct DatabaseSettings {
     pub pool_size: u32,
     pub connect_timeout: Duration,
     pub statement_timeout: Duration,
+    /// The pooler in front of `url`, if any.
+    pub pooler: Pooler,
+    /// A direct (session) connection past the pooler
+    /// (`DATABASE_DIRECT_URL`): the commit wake-up's LISTEN and `migrate`.
+    pub direct_url: Option<DatabaseUrl>,
+    /// `url` is `DATABASE_DIRECT_URL` (errors name that setting).
+    pub is_direct: bool,
 }
 
 impl DatabaseSettings {
+    /// Settings for `url` alone: no pooler, no direct URL, the default limits.
+    pub fn new(url: DatabaseUrl) -> Self {
+        Self {
+            url,
+            pool_size: defaults::DATABASE_POOL_SIZE,
+            connect_timeout: defaults::DATABASE_CONNECT_TIMEOUT,
+            statement_timeout: defaults::DATABASE_STATEMENT_TIMEOUT,
+            pooler: defaults::DATABASE_POOLER,
+            direct_url: None,
+            is_direct: false,
+        }
+    }
+
+    /// The same limits on the direct connection: `DATABASE_DIRECT_URL` when
+    /// given, else `DATABASE_URL` unless that is a transaction pooler,
+    /// which cannot keep a session (then `None`).
+    pub fn session(&self) -> Option<DatabaseSettings> {
+        let (url, is_direct) = match (&self.direct_url, self.pooler) {
+            (Some(direct), _) => (direct.clone(), true),
+            (None, Pooler::None) => (self.url.clone(), self.is_direct),
+            (None, Pooler::Transaction) => return None,
+        };
+        Some(DatabaseSettings {
+            url,
+            pooler: Pooler::None,
+            direct_url: None,
+            is_direct,
+            ..self.clone()
+        })
+    }
+
+    /// The settings `migrate` connects with: a session is needed (an
+    /// advisory lock serialises concurrent runs), so through a transaction
+    /// pooler `DATABASE_DIRECT_URL` is required.
+    pub fn for_migrate(&self) -> Result<DatabaseSettings, ConfigError> {
+        self.session().ok_or_else(|| {
+            ConfigError::new(
+                "DATABASE_DIRECT_URL",
+                "is required by migrate when DATABASE_POOLER=transaction: migrations need a \
+                 session, which a transaction pooler does not keep (give a URL that bypasses it)",
+            )
+        })
+    }
+
     /// The server ends a transaction idle for longer than this (set on
     /// every session): twice the statement timeout.
     pub fn idle_in_transaction_timeout(&self) -> Duration {
@@ -596,11 +714,77 @@ mod tests {
 
     fn database(statement_timeout: Duration) -> DatabaseSettings {
         DatabaseSettings {
-            url: DatabaseUrl::parse("postgres://h/db").unwrap(),
-            pool_size: defaults::DATABASE_POOL_SIZE,
-            connect_timeout: defaults::DATABASE_CONNECT_TIMEOUT,
             statement_timeout,
+            ..DatabaseSettings::new(DatabaseUrl::parse("postgres://h/db").unwrap())
         }
+    }
+
+    #[test]
+    fn multi_host_urls_parse_and_never_print_the_password() {
+        let raw = "postgres://u:s3cret@h1:5433,h2:5434/db?target_session_attrs=read-write\
+                   &sslmode=verify-full&application_name=x";
+        let url = DatabaseUrl::parse(raw).unwrap();
+        assert_eq!(
+            url.connect_url(),
+            "postgres://u:s3cret@h1:5433,h2:5434/db?target_session_attrs=read-write&application_name=x"
+        );
+        assert_eq!(url.tls().mode, pg_tls::SslMode::VerifyFull);
+        let config: tokio_postgres::Config = url.connect_url().parse().unwrap();
+        assert_eq!(config.get_hosts().len(), 2);
+        assert_eq!(config.get_ports(), [5433, 5434]);
+        assert_eq!(
+            config.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert!(url.wants_read_write());
+        assert!(
+            !DatabaseUrl::parse("postgres://u@h1,h2/db")
+                .unwrap()
+                .wants_read_write()
+        );
+        assert_eq!(
+            url.redacted(),
+            "postgres://u:***@h1:5433,h2:5434/db?target_session_attrs=read-write\
+             &sslmode=verify-full&application_name=x"
+        );
+        assert!(!format!("{url:?}").contains("s3cret"));
+        for bad in [
+            "postgres://u:s3cret@h1:5433,h2:99999/db",
+            "postgres://u:s3cret@h1,/db",
+            "postgres://u:s3cret@h1,h2/db?target_session_attrs=primary-ish",
+        ] {
+            let error = DatabaseUrl::parse(bad).unwrap_err();
+            assert!(!error.to_string().contains("s3cret"), "{error}");
+        }
+        let url = DatabaseUrl::parse("postgres://u@h/db?password=s3cret&user=v").unwrap();
+        assert_eq!(url.redacted(), "postgres://u@h/db?password=***&user=v");
+    }
+
+    #[test]
+    fn migrate_and_listen_need_a_session() {
+        let url = |raw: &str| DatabaseUrl::parse(raw).unwrap();
+        let direct = DatabaseSettings::new(url("postgres://u:p@db/crm"));
+        assert_eq!(direct.session().unwrap().url, direct.url);
+        assert_eq!(direct.for_migrate().unwrap().url, direct.url);
+
+        let pooled = DatabaseSettings {
+            pooler: Pooler::Transaction,
+            ..DatabaseSettings::new(url("postgres://u:p@pgbouncer:6432/crm"))
+        };
+        assert_eq!(pooled.session(), None);
+        let error = pooled.for_migrate().unwrap_err();
+        assert_eq!(error.setting, "DATABASE_DIRECT_URL");
+
+        let with_direct = DatabaseSettings {
+            direct_url: Some(url("postgres://u:p@db:5432/crm")),
+            ..pooled
+        };
+        let session = with_direct.for_migrate().unwrap();
+        assert_eq!(session.url, url("postgres://u:p@db:5432/crm"));
+        assert_eq!(session.pooler, Pooler::None);
+        assert!(session.is_direct, "its errors name DATABASE_DIRECT_URL");
+        assert!(!direct.session().unwrap().is_direct);
+        assert_eq!(session.statement_timeout, with_direct.statement_timeout);
     }
 
     fn kafka(request_timeout: Duration) -> KafkaSettings {

@@ -58,7 +58,12 @@ fn execute(command: Command) -> anyhow::Result<()> {
     let invalid = AppError::Config;
     match command {
         Command::Migrate { database, check } => {
-            let database = database.settings().map_err(invalid)?;
+            // A session: DATABASE_URL, or DATABASE_DIRECT_URL past a
+            // transaction pooler (required there).
+            let database = database
+                .settings()
+                .and_then(|settings| settings.for_migrate())
+                .map_err(invalid)?;
             block_on(async |_| {
                 if check {
                     let pending = app::pending_migrations(&database).await?;

@@ -137,10 +137,10 @@ pub fn num(v: f64) -> String {
 
 pub fn db_settings(url: &str, pool_size: u32) -> DatabaseSettings {
     DatabaseSettings {
-        url: DatabaseUrl::parse(url).expect("the cluster's URL parses"),
         pool_size,
         connect_timeout: Duration::from_secs(10),
         statement_timeout: Duration::from_secs(600),
+        ..DatabaseSettings::new(DatabaseUrl::parse(url).expect("the cluster's URL parses"))
     }
 }
 

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, PublisherSettings, SaslMechanism, SeedSettings, ShutdownSettings,
+    HttpSettings, Pooler, PublisherSettings, SaslMechanism, SeedSettings, ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
 };
@@ -185,6 +185,16 @@ pub struct DatabaseArgs {
     #[arg(id = "DATABASE_STATEMENT_TIMEOUT", long = "database-statement-timeout", env = "DATABASE_STATEMENT_TIMEOUT",
           default_value = text!(defaults::DATABASE_STATEMENT_TIMEOUT), value_parser = setting(parse::positive_duration))]
     pub database_statement_timeout: Duration,
+    /// none or transaction: a pooler in transaction mode (PgBouncer
+    /// pool_mode=transaction) between the worker and PostgreSQL.
+    #[arg(id = "DATABASE_POOLER", long = "database-pooler", env = "DATABASE_POOLER",
+          default_value = text!(defaults::DATABASE_POOLER), value_parser = setting(parse::pooler))]
+    pub database_pooler: Pooler,
+    /// A direct PostgreSQL URL past the pooler, for what needs a session:
+    /// the commit wake-up (LISTEN) and migrate.
+    #[arg(id = "DATABASE_DIRECT_URL", long = "database-direct-url", env = "DATABASE_DIRECT_URL",
+          hide_env_values = true, value_parser = setting(parse::database_url))]
+    pub database_direct_url: Option<DatabaseUrl>,
 }
 
 impl DatabaseArgs {
@@ -196,6 +206,9 @@ impl DatabaseArgs {
             pool_size: self.database_pool_size,
             connect_timeout: self.database_connect_timeout,
             statement_timeout: self.database_statement_timeout,
+            pooler: self.database_pooler,
+            direct_url: self.database_direct_url,
+            is_direct: false,
         })
     }
 }
@@ -316,6 +329,8 @@ mod tests {
             settings.database.statement_timeout,
             defaults::DATABASE_STATEMENT_TIMEOUT
         );
+        assert_eq!(settings.database.pooler, defaults::DATABASE_POOLER);
+        assert_eq!(settings.database.direct_url, None);
         let kafka = settings.kafka.expect("the publisher runs by default");
         assert_eq!(kafka.bootstrap_servers, ["h:9092"]);
         assert_eq!(kafka.client_id, defaults::KAFKA_CLIENT_ID);
@@ -379,6 +394,8 @@ mod tests {
             "DATABASE_POOL_SIZE",
             "DATABASE_CONNECT_TIMEOUT",
             "DATABASE_STATEMENT_TIMEOUT",
+            "DATABASE_POOLER",
+            "DATABASE_DIRECT_URL",
             "EXPIRATION_INTERVAL",
             "EXPIRATION_BATCH_SIZE",
             "EXPIRATION_MAX_BATCHES_PER_CYCLE",
@@ -438,6 +455,34 @@ mod tests {
             None,
             "clap's own usage error"
         );
+    }
+
+    #[test]
+    fn the_pooler_and_the_direct_url() {
+        let settings = run(&[
+            &REQUIRED[..],
+            &[
+                "--database-pooler",
+                "transaction",
+                "--database-direct-url",
+                "postgres://u:hunter2@db:5432/crm",
+            ],
+        ]
+        .concat())
+        .unwrap();
+        assert_eq!(settings.database.pooler, Pooler::Transaction);
+        assert!(settings.database.direct_url.is_some());
+        let error =
+            run(&[&REQUIRED[..], &["--database-pooler", "statement"]].concat()).unwrap_err();
+        assert_eq!(error.setting, "DATABASE_POOLER");
+        let error = run(&[
+            &REQUIRED[..],
+            &["--database-direct-url", "mysql://u:hunter2@db/crm"],
+        ]
+        .concat())
+        .unwrap_err();
+        assert_eq!(error.setting, "DATABASE_DIRECT_URL");
+        assert!(!error.to_string().contains("hunter2"), "{error}");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use super::Compression;
+use super::{Compression, Pooler};
 
 const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
@@ -16,6 +16,8 @@ const HOUR: u64 = 60 * MINUTE;
 pub const DATABASE_POOL_SIZE: u32 = 8;
 pub const DATABASE_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DATABASE_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// No pooler, or one in session mode: the worker's sessions are its own.
+pub const DATABASE_POOLER: Pooler = Pooler::None;
 
 pub const EXPIRATION_INTERVAL: Duration = Duration::from_secs(60);
 pub const EXPIRATION_BATCH_SIZE: u32 = 200;
@@ -102,7 +104,17 @@ macro_rules! as_text_by_display {
         })*
     };
 }
-as_text_by_display!(u32, u64, i32, i16, f64, bool, SocketAddr, Compression);
+as_text_by_display!(
+    u32,
+    u64,
+    i32,
+    i16,
+    f64,
+    bool,
+    SocketAddr,
+    Compression,
+    Pooler
+);
 
 /// The `&'static str` clap takes as a default, made once from a typed
 /// default: `default_value = text!(defaults::EXPIRATION_INTERVAL)`.
@@ -206,6 +218,7 @@ mod tests {
             KAFKA_COMPRESSION
         );
         assert_eq!(reparsed(&METRICS_ADDR, parse::socket_addr), METRICS_ADDR);
+        assert_eq!(reparsed(&DATABASE_POOLER, parse::pooler), DATABASE_POOLER);
         assert_eq!(reparsed(&SEED_ACTIVE, parse::whole_number), SEED_ACTIVE);
         assert_eq!(reparsed(&SEED_NONE, parse::whole_number), SEED_NONE);
         assert_eq!(
@@ -228,6 +241,7 @@ mod tests {
             (Duration::ZERO.as_text(), "0s"),
             (METRICS_ADDR.as_text(), "127.0.0.1:9464"),
             (KAFKA_COMPRESSION.as_text(), "none"),
+            (DATABASE_POOLER.as_text(), "none"),
             (SEED_DUE_FRACTION.as_text(), "0.2"),
         ];
         for (text, documented) in texts {

@@ -6,7 +6,7 @@ use std::{ffi::OsStr, fmt, net::SocketAddr, time::Duration};
 
 use clap::{Arg, builder::TypedValueParser};
 
-use super::{Compression, ConfigError, DatabaseUrl, SaslMechanism};
+use super::{Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism};
 
 /// What is wrong with a value, without the setting's name.
 pub type Problem = String;
@@ -167,6 +167,19 @@ pub fn topic(raw: &str) -> Result<String, Problem> {
 /// A PostgreSQL URL; see [`DatabaseUrl::parse`].
 pub fn database_url(raw: &str) -> Result<DatabaseUrl, Problem> {
     DatabaseUrl::parse(raw).map_err(|error| error.problem)
+}
+
+/// `none` (or empty) or `transaction`: the pooler between the worker and
+/// PostgreSQL, as far as it matters to the worker. A pooler in session mode
+/// keeps each client on one server connection, so it is `none` here.
+pub fn pooler(raw: &str) -> Result<Pooler, Problem> {
+    match raw.trim().to_ascii_lowercase().as_str() {
+        "none" | "" | "session" => Ok(Pooler::None),
+        "transaction" => Ok(Pooler::Transaction),
+        other => Err(format!(
+            "{other:?} is not none or transaction (a pooler in session mode is none)"
+        )),
+    }
 }
 
 /// The `host:port` servers of a comma-separated list.

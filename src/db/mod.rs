@@ -1,6 +1,12 @@
 //! PostgreSQL access: the pool, the embedded migrations and the two
 //! repositories. All SQL of the worker lives under this module; every value
 //! reaches SQL as a bound parameter.
+//!
+//! Every unit of work runs in an explicit transaction, reads included, and
+//! the pool checks connections with the simple protocol: through a pooler
+//! in transaction mode (`DATABASE_POOLER=transaction`) a server connection
+//! is ours only inside a transaction, and a statement prepared outside one
+//! could be run on another server connection than the one that prepared it.
 
 pub mod bookings;
 pub mod migrate;
@@ -20,6 +26,9 @@ use std::time::Duration;
 pub enum DbError {
     #[error("cannot connect to PostgreSQL at DATABASE_URL")]
     Connect(#[source] diesel::ConnectionError),
+    /// The session connection past the pooler (LISTEN, `migrate`).
+    #[error("cannot connect to PostgreSQL at DATABASE_DIRECT_URL")]
+    ConnectDirect(#[source] diesel::ConnectionError),
     #[error("no PostgreSQL connection within {0:?} (DATABASE_URL)")]
     ConnectTimeout(Duration),
     #[error("no pooled PostgreSQL connection: {0}")]

@@ -6,19 +6,26 @@ use std::time::Duration;
 use diesel::ConnectionError;
 use diesel_async::{
     AsyncPgConnection, SimpleAsyncConnection,
-    pooled_connection::{AsyncDieselConnectionManager, ManagerConfig},
+    pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, RecyclingMethod},
 };
 use futures_util::FutureExt;
 
 use super::DbError;
-use crate::config::{DatabaseSettings, DatabaseUrl};
+use crate::config::{DatabaseSettings, DatabaseUrl, Pooler};
 
 pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection<'a> =
     bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
-/// Session settings applied to every new connection.
+/// Session settings applied to every new connection; none through a
+/// transaction pooler, where a `SET` would stay on a server connection that
+/// other clients (crm) get next, and would not follow this client to the
+/// next one: there the limits belong on the role (README, "Behind a
+/// connection pooler").
 fn session_setup_sql(settings: &DatabaseSettings) -> String {
+    if settings.pooler == Pooler::Transaction {
+        return String::new();
+    }
     let millis = |limit: Duration| limit.as_millis().max(1);
     let statement_ms = millis(settings.statement_timeout);
     // Locks are taken with SKIP LOCKED and never waited for; the lock
@@ -35,16 +42,37 @@ fn session_setup_sql(settings: &DatabaseSettings) -> String {
     )
 }
 
-/// Connects as `DATABASE_URL` says (TLS per its libpq parameters, see
-/// [`super::tls`]) and applies the session settings.
+/// The checkout check with `target_session_attrs=read-write`: fails on a
+/// session that can no longer write.
+const READ_WRITE_CHECK: &str = "DO $$ BEGIN \
+     IF current_setting('transaction_read_only') = 'on' THEN \
+       RAISE EXCEPTION 'the server no longer accepts writes (target_session_attrs=read-write)'; \
+     END IF; END $$";
+
+/// Connects as `DATABASE_URL` says (TLS per its libpq parameters, several
+/// hosts and `target_session_attrs` as libpq, see [`super::tls`]) and
+/// applies the session settings.
+///
+/// Through a transaction pooler the statement cache is off (see
+/// [`super::tls`]): diesel-async prepares each statement under a name
+/// (`s0`, `s1`, … counted per process) in one exchange and runs and closes
+/// it in later ones. Outside a transaction the pooler may send those to
+/// different server connections, leaving a name behind where another
+/// process's statement of that name collides (`prepared statement "s8"
+/// already exists`). Every unit of work here is a transaction (see
+/// [`super`]), so all of a statement's exchanges reach one server
+/// connection, and uncached, nothing outlives the transaction.
 async fn establish_with(
     url: &DatabaseUrl,
+    pooler: Pooler,
     setup_sql: &str,
 ) -> Result<AsyncPgConnection, ConnectionError> {
-    let mut conn = super::tls::connect(url).await?;
-    conn.batch_execute(setup_sql)
-        .await
-        .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
+    let mut conn = super::tls::connect(url, pooler).await?;
+    if !setup_sql.is_empty() {
+        conn.batch_execute(setup_sql)
+            .await
+            .map_err(|e| ConnectionError::BadConnection(e.to_string()))?;
+    }
     Ok(conn)
 }
 
@@ -54,11 +82,17 @@ pub async fn establish(settings: &DatabaseSettings) -> Result<AsyncPgConnection,
     let setup = session_setup_sql(settings);
     tokio::time::timeout(
         settings.connect_timeout,
-        establish_with(&settings.url, &setup),
+        establish_with(&settings.url, settings.pooler, &setup),
     )
     .await
     .map_err(|_| DbError::ConnectTimeout(settings.connect_timeout))?
-    .map_err(DbError::Connect)
+    .map_err(|error| {
+        if settings.is_direct {
+            DbError::ConnectDirect(error)
+        } else {
+            DbError::Connect(error)
+        }
+    })
 }
 
 /// Opens and closes one connection: a wrong URL, password or host is
@@ -79,14 +113,28 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
     let setup = session_setup_sql(settings);
     let mut config = ManagerConfig::<AsyncPgConnection>::default();
     let url = settings.url.clone();
+    let pooler = settings.pooler;
     // The manager's URL string is not used: each new connection is made
     // from the parsed URL, its TLS configuration built (and its
     // certificate files read) again.
     config.custom_setup = Box::new(move |_| {
         let url = url.clone();
         let setup = setup.clone();
-        async move { establish_with(&url, &setup).await }.boxed()
+        async move { establish_with(&url, pooler, &setup).await }.boxed()
     });
+    // Checked at every checkout with the simple protocol: no prepared
+    // statement (which a transaction pooler could split across server
+    // connections). A connection whose server died fails here, and so does,
+    // with target_session_attrs=read-write, one whose server stopped taking
+    // writes (demoted, or fenced read-only); it is replaced by a new one,
+    // which goes to whichever host is writable now.
+    let check = if settings.url.wants_read_write() {
+        READ_WRITE_CHECK
+    } else {
+        "SELECT 1"
+    };
+    config.recycling_method =
+        RecyclingMethod::CustomFunction(Box::new(move |conn| conn.batch_execute(check).boxed()));
     let manager = AsyncDieselConnectionManager::new_with_config(settings.url.connect_url(), config);
     bb8::Pool::builder()
         .max_size(settings.pool_size)

@@ -14,7 +14,8 @@ use std::{
 };
 
 use diesel::ConnectionError;
-use diesel_async::AsyncPgConnection;
+use diesel::connection::CacheSize;
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use rustls::{
     ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
     client::{
@@ -30,7 +31,7 @@ use tokio_postgres::config::SslMode as WireSslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::{
-    DatabaseUrl,
+    DatabaseUrl, Pooler,
     pg_tls::{PgTls, RootCerts, SslMode, Verify},
 };
 
@@ -350,7 +351,14 @@ impl Failure {
                 } else if let Some(tls_error) = rustls_error(error) {
                     format!("TLS (sslmode={}): {}", tls.mode, explain(tls_error, tls))
                 } else {
-                    error.to_string()
+                    // "error connecting to server" alone says nothing: add
+                    // why (refused, timed out, or with several hosts and
+                    // target_session_attrs=read-write, the last host's
+                    // "database does not allow writes").
+                    match error.source() {
+                        Some(cause) => format!("{error}: {cause}"),
+                        None => error.to_string(),
+                    }
                 }
             }
         }
@@ -414,8 +422,14 @@ fn explain(error: &rustls::Error, tls: &PgTls) -> String {
     format!("{why} ({error})")
 }
 
-/// Opens one connection as `DATABASE_URL` says, with libpq's semantics.
-pub async fn connect(url: &DatabaseUrl) -> Result<AsyncPgConnection, ConnectionError> {
+/// Opens one connection as `DATABASE_URL` says, with libpq's semantics:
+/// with several hosts, each is tried in turn (its own name checked under
+/// `verify-full`) until one accepts and, with
+/// `target_session_attrs=read-write`, is writable.
+pub async fn connect(
+    url: &DatabaseUrl,
+    pooler: Pooler,
+) -> Result<AsyncPgConnection, ConnectionError> {
     let tls = url.tls();
     let config: tokio_postgres::Config = url
         .connect_url()
@@ -429,24 +443,24 @@ pub async fn connect(url: &DatabaseUrl) -> Result<AsyncPgConnection, ConnectionE
         });
     }
     let result = match tls.mode {
-        SslMode::Disable => plain(&config).await,
-        SslMode::Allow => match plain(&config).await {
+        SslMode::Disable => plain(&config, pooler).await,
+        SslMode::Allow => match plain(&config, pooler).await {
             Err(first) if tls_usable && first.retry_other_mode() => {
-                encrypted(&config, tls, WireSslMode::Require)
+                encrypted(&config, tls, WireSslMode::Require, pooler)
                     .await
                     .map_err(|second| Failure::Setup(both(tls, &first, &second, "with TLS")))
             }
             other => other,
         },
-        SslMode::Prefer if !tls_usable => plain(&config).await,
-        SslMode::Prefer => match encrypted(&config, tls, WireSslMode::Prefer).await {
-            Err(first) if first.retry_other_mode() => plain(&config)
+        SslMode::Prefer if !tls_usable => plain(&config, pooler).await,
+        SslMode::Prefer => match encrypted(&config, tls, WireSslMode::Prefer, pooler).await {
+            Err(first) if first.retry_other_mode() => plain(&config, pooler)
                 .await
                 .map_err(|second| Failure::Setup(both(tls, &first, &second, "without TLS"))),
             other => other,
         },
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-            encrypted(&config, tls, WireSslMode::Require).await
+            encrypted(&config, tls, WireSslMode::Require, pooler).await
         }
     };
     result.map_err(|failure| match failure {
@@ -464,22 +478,24 @@ fn both(tls: &PgTls, first: &Failure, second: &Failure, again: &str) -> Connecti
     ))
 }
 
-async fn plain(config: &tokio_postgres::Config) -> Result<AsyncPgConnection, Failure> {
+async fn plain(
+    config: &tokio_postgres::Config,
+    pooler: Pooler,
+) -> Result<AsyncPgConnection, Failure> {
     let mut config = config.clone();
     config.ssl_mode(WireSslMode::Disable);
     let (client, connection) = config
         .connect(tokio_postgres::NoTls)
         .await
         .map_err(Failure::Postgres)?;
-    AsyncPgConnection::try_from_client_and_connection(client, connection)
-        .await
-        .map_err(Failure::Setup)
+    into_diesel(client, connection, pooler).await
 }
 
 async fn encrypted(
     config: &tokio_postgres::Config,
     tls: &PgTls,
     mode: WireSslMode,
+    pooler: Pooler,
 ) -> Result<AsyncPgConnection, Failure> {
     let client_config = client_config(tls).map_err(Failure::File)?;
     let mut config = config.clone();
@@ -488,7 +504,48 @@ async fn encrypted(
         .connect(MakeRustlsConnect::new(client_config))
         .await
         .map_err(Failure::Postgres)?;
-    AsyncPgConnection::try_from_client_and_connection(client, connection)
+    into_diesel(client, connection, pooler).await
+}
+
+/// Hands a connected client to diesel-async.
+///
+/// Through a transaction pooler, diesel-async's own set-up (two `SET`s,
+/// each prepared under a name and cached) runs inside a transaction that
+/// this function opens, and the statement cache is turned off before the
+/// commit, which closes those statements on the server connection that
+/// prepared them: no name outlives its transaction there. The connection
+/// task is then driven here (the set-up must follow the `BEGIN`), so
+/// diesel-async does not see the connection's own error or notifications:
+/// a broken connection reports "connection closed", and LISTEN uses a
+/// session connection anyway.
+async fn into_diesel<S>(
+    client: tokio_postgres::Client,
+    connection: tokio_postgres::Connection<tokio_postgres::Socket, S>,
+    pooler: Pooler,
+) -> Result<AsyncPgConnection, Failure>
+where
+    S: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
+{
+    if pooler == Pooler::None {
+        return AsyncPgConnection::try_from_client_and_connection(client, connection)
+            .await
+            .map_err(Failure::Setup);
+    }
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "PostgreSQL connection ended");
+        }
+    });
+    client
+        .batch_execute("BEGIN")
         .await
-        .map_err(Failure::Setup)
+        .map_err(Failure::Postgres)?;
+    let mut conn = AsyncPgConnection::try_from(client)
+        .await
+        .map_err(Failure::Setup)?;
+    conn.set_prepared_statement_cache_size(CacheSize::Disabled);
+    conn.batch_execute("COMMIT")
+        .await
+        .map_err(|e| Failure::Setup(ConnectionError::CouldntSetupConfiguration(e)))?;
+    Ok(conn)
 }

@@ -178,7 +178,9 @@ impl ExpiryWorker {
             .get()
             .await
             .map_err(|e| CycleError::Connection(e.into()))?;
-        let database = bookings::database_now(&mut conn)
+        // Every unit of work is a transaction (see `db`), a read too.
+        let database = conn
+            .transaction(async |conn| bookings::database_now(conn).await)
             .await
             .map_err(CycleError::Connection)?;
         let skew = local - database;
@@ -474,10 +476,15 @@ impl ExpiryWorker {
     pub async fn measure_backlog(&self) -> Result<i64, DbError> {
         let now = self.clock.now();
         let mut conn = self.pool.get().await?;
-        let mut total = 0;
-        for phase in Phase::ALL {
-            total += bookings::count_due(&mut conn, phase, now).await?;
-        }
+        let total = conn
+            .transaction(async |conn| {
+                let mut total = 0;
+                for phase in Phase::ALL {
+                    total += bookings::count_due(conn, phase, now).await?;
+                }
+                Ok::<_, DbError>(total)
+            })
+            .await?;
         self.metrics.backlog.set(total);
         Ok(total)
     }
@@ -498,6 +505,7 @@ impl ExpiryWorker {
         as_of: DateTime<Utc>,
     ) -> Result<Option<DateTime<Utc>>, DbError> {
         let mut conn = self.pool.get().await?;
-        bookings::next_deadline(&mut conn, as_of).await
+        conn.transaction(async |conn| bookings::next_deadline(conn, as_of).await)
+            .await
     }
 }

@@ -4,6 +4,7 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use diesel_async::AsyncConnection;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -66,7 +67,10 @@ impl LagStats {
     /// Reads the outbox lag once and sets the gauges.
     pub async fn run_once(&self) -> Result<outbox::OutboxStats, DbError> {
         let mut conn = self.pool.get().await?;
-        let stats = outbox::stats(&mut conn).await?;
+        // Every unit of work is a transaction (see `db`), a read too.
+        let stats = conn
+            .transaction(async |conn| outbox::stats(conn).await)
+            .await?;
         self.metrics.outbox_unpublished.set(stats.unpublished);
         self.metrics.outbox_parked.set(stats.parked);
         let age = stats
@@ -127,8 +131,11 @@ impl RetentionSweep {
         let mut conn = self.pool.get().await?;
         let mut total = 0;
         loop {
-            let deleted =
-                outbox::delete_published_before(&mut conn, cutoff, RETENTION_BATCH).await?;
+            let deleted = conn
+                .transaction(async |conn| {
+                    outbox::delete_published_before(conn, cutoff, RETENTION_BATCH).await
+                })
+                .await?;
             total += deleted;
             if deleted < RETENTION_BATCH as usize {
                 break;

@@ -156,10 +156,12 @@ async fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
 }
 
 async fn ping_database(pool: &PgPool) -> bool {
-    use diesel_async::RunQueryDsl;
+    use diesel_async::SimpleAsyncConnection;
+    // The simple protocol: no prepared statement, which a transaction
+    // pooler could not keep between two messages.
     let ping = async {
         let mut conn = pool.get().await.ok()?;
-        diesel::sql_query("SELECT 1").execute(&mut *conn).await.ok()
+        conn.batch_execute("SELECT 1").await.ok()
     };
     matches!(
         tokio::time::timeout(DB_PING_TIMEOUT, ping).await,

@@ -243,10 +243,10 @@ async fn a_rotated_client_certificate_is_used_by_the_next_connection() {
         key.display()
     ));
     let settings = DatabaseSettings {
-        url: DatabaseUrl::parse(&url).expect("valid URL and files"),
         pool_size: 2,
         connect_timeout: Duration::from_secs(5),
         statement_timeout: Duration::from_secs(30),
+        ..DatabaseSettings::new(DatabaseUrl::parse(&url).expect("valid URL and files"))
     };
     let pool = db::build_pool(&settings);
 
@@ -511,4 +511,35 @@ fn bad_certificate_files_exit_2_at_start() {
         assert!(!stderr.contains("pw-s3cret-9"), "{stderr}");
         assert!(!stderr.contains(marker), "file content in: {stderr}");
     }
+}
+
+/// Several hosts under `verify-full`: each host's certificate is checked
+/// against that host's own name, and a host that fails the check is left
+/// for the next one, as libpq does. `hostaddr` sends both names to this
+/// one server, whose certificate names `localhost` and 127.0.0.1 only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_hosts_each_checked_against_its_own_name() {
+    let server = TlsServer::start("server").await;
+    let both = |hosts: &str| {
+        format!(
+            "postgres://postgres:{}@{hosts}/postgres?hostaddr=127.0.0.1,127.0.0.1&{}",
+            server.password,
+            server.verify_full()
+        )
+    };
+    let port = server.port;
+    // The first name is not on the certificate: the second host is used.
+    let (code, _, stderr, _) = run_binary(
+        &both(&format!("db.example.invalid:{port},localhost:{port}")),
+        &["migrate"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    // Neither name is: the last host's reason, one line, no password.
+    assert_fails_clearly(
+        &both(&format!(
+            "db.example.invalid:{port},other.example.invalid:{port}"
+        )),
+        &[&server.password],
+        "the server's certificate is not valid for the host name in DATABASE_URL",
+    );
 }

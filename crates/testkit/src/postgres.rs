@@ -59,6 +59,43 @@ impl Postgres {
         run_script("postgres.sh", &["restart", path_str(&self.dir)?]).map(drop)
     }
 
+    /// A streaming standby of this (running) cluster in `dir` on
+    /// `127.0.0.1:port` (`pg_basebackup -R`), already streaming.
+    pub fn start_standby(&self, dir: &Path, port: u16) -> Result<Self> {
+        let port_text = port.to_string();
+        let admin_url = run_script(
+            "postgres.sh",
+            &["standby", path_str(&self.dir)?, path_str(dir)?, &port_text],
+        )?
+        .trim()
+        .to_owned();
+        Ok(Self {
+            dir: dir.to_owned(),
+            port,
+            admin_url,
+        })
+    }
+
+    /// Makes commits wait for the standby (`synchronous_standby_names`).
+    pub fn require_sync_standby(&self) -> Result<()> {
+        run_script("postgres.sh", &["sync", path_str(&self.dir)?]).map(drop)
+    }
+
+    /// Promotes this standby to a primary.
+    pub fn promote(&self) -> Result<()> {
+        run_script("postgres.sh", &["promote", path_str(&self.dir)?]).map(drop)
+    }
+
+    /// SIGKILL to the postmaster: a crash (its backends follow).
+    pub fn kill(&self) -> Result<()> {
+        run_script("postgres.sh", &["kill", path_str(&self.dir)?]).map(drop)
+    }
+
+    /// The port the cluster listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Stops the cluster in `dir`, ignoring failures (cleanup paths).
     pub fn stop_dir(dir: &Path) {
         let _ = script("postgres.sh")

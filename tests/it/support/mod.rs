@@ -84,10 +84,10 @@ pub fn kafka_bootstrap() -> Vec<String> {
 
 pub fn database_settings(url: &str) -> DatabaseSettings {
     DatabaseSettings {
-        url: DatabaseUrl::parse(url).expect("valid test URL"),
         pool_size: 8,
         connect_timeout: Duration::from_secs(5),
         statement_timeout: Duration::from_secs(30),
+        ..DatabaseSettings::new(DatabaseUrl::parse(url).expect("valid test URL"))
     }
 }
 
