@@ -23,6 +23,8 @@
 #   scripts/kafka.sh classpath                  print the classpath ("$LIBS/*")
 #   scripts/kafka.sh add-partitions PORT TOPIC N
 #                                               grow TOPIC to N partitions
+#   scripts/kafka.sh describe-topic HOST:PORT[,HOST:PORT...] TOPIC
+#                                               PARTITION<TAB>LEADER<TAB>ISR (ISR comma-separated)
 #
 # Three-broker cluster (KRaft, each node broker+controller, static quorum voters):
 #   scripts/kafka.sh start-cluster DIR P1 P2 P3 node N on 127.0.0.1:PN (controller PN+1),
@@ -321,6 +323,16 @@ cmd_add_partitions() {
     --alter --topic "$2" --partitions "$3" </dev/null
 }
 
+cmd_describe_topic() {
+  [[ $# -eq 2 ]] || usage
+  ensure_libs
+  local out
+  out="$(kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "$1" \
+    --command-config "$KDIR/admin-client.properties" --describe --topic "$2" </dev/null)" || return 1
+  # "Topic: T  TopicId: …  Partition: 0  Leader: 2  Replicas: 2,3,1  Isr: 2,3,1  …"
+  sed -n 's/.*Partition: *\([0-9]*\).*Leader: *\(-\{0,1\}[0-9]*\).*Isr: *\([0-9,]*\).*/\1\t\2\t\3/p' <<<"$out"
+}
+
 # --- three-broker cluster ---------------------------------------------------------------
 
 # write_node_config DIR N P1 P2 P3: node N of the cluster whose PLAINTEXT ports are P1..P3
@@ -395,7 +407,7 @@ launch_node() { # DIR N P1 P2 P3: starts the JVM, does not wait
   fi
   # shellcheck disable=SC2086
   nohup "$JAVA" ${KAFKA_CLUSTER_HEAP_OPTS:--Xms128m -Xmx384m} \
-    -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError \
+    -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError \
     -Djava.awt.headless=true \
     -Dlog4j2.configurationFile="$KDIR/log4j2.properties" \
     ${KAFKA_JAVA_OPTS:-} \
@@ -540,6 +552,7 @@ main() {
     produce) cmd_produce "$@" ;;
     consume) cmd_consume "$@" ;;
     add-partitions) cmd_add_partitions "$@" ;;
+    describe-topic) cmd_describe_topic "$@" ;;
     start-cluster) cmd_start_cluster "$@" ;;
     stop-cluster) cmd_stop_cluster "$@" ;;
     kill) cmd_kill_node "$@" ;;
