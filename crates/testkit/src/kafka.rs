@@ -169,13 +169,16 @@ pub fn java_partitions(keys: &[String], partitions: i32) -> Result<BTreeMap<Stri
         .stdout(Stdio::piped())
         .spawn()
         .context("run scripts/kafka.sh partition")?;
-    {
-        let stdin = child.stdin.as_mut().context("stdin")?;
-        for key in keys {
-            writeln!(stdin, "{key}")?;
-        }
-    }
+    // Keys go in on a thread of their own: with many keys the answers fill
+    // the stdout pipe before all keys are written, and writing and reading
+    // on one thread would wait on each other for ever.
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let input: String = keys.iter().map(|key| format!("{key}\n")).collect();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let output = child.wait_with_output()?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread writing keys panicked"))??;
     ensure!(output.status.success(), "scripts/kafka.sh partition failed");
     String::from_utf8(output.stdout)?
         .lines()
