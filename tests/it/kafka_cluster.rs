@@ -162,7 +162,7 @@ fn dump_topic(cluster: &Cluster, topic: &str) -> Vec<Dumped> {
     for node in 1..=3 {
         let port = cluster.port(node).to_string();
         let result = tokio::task::block_in_place(|| {
-            testkit::run_script("kafka.sh", &["consume", &port, topic, &path, "0", "5000"])
+            testkit::run_script("kafka.sh", &["consume", &port, topic, &path, "0", "2000"])
         });
         match result {
             Ok(_) => {
