@@ -69,7 +69,9 @@ impl Flow {
         let db = TestDb::new().await;
         let topic = format!("cluster-{}", uuid::Uuid::new_v4().simple());
         blocking(|| cluster.create_topic(&topic, partitions));
-        progress(&format!("topic {topic} created; seeding {due} bookings due over {spread:?}"));
+        progress(&format!(
+            "topic {topic} created; seeding {due} bookings due over {spread:?}"
+        ));
         let mut conn = db.conn().await;
         db::seed::seed(
             &mut conn,
@@ -132,7 +134,8 @@ impl Flow {
     /// Stops the binary (exit 0 expected) once everything is published.
     async fn finish(mut self) -> TestDb {
         progress("waiting until everything is published");
-        self.wait_published(self.due, Duration::from_secs(180)).await;
+        self.wait_published(self.due, Duration::from_secs(180))
+            .await;
         progress("all published");
         self.running.terminate();
         let status = self.running.wait(Duration::from_secs(30)).await;
@@ -219,7 +222,11 @@ fn check_topic(
             assert!(c.ce_id.is_some(), "{key} has a ce_id header");
             assert_eq!(c.ce_id, copies[0].ce_id, "duplicates share ce_id");
             assert_eq!(c.value, copies[0].value, "duplicates share bytes");
-            assert!(c.partition < partitions, "{key} on partition {}", c.partition);
+            assert!(
+                c.partition < partitions,
+                "{key} on partition {}",
+                c.partition
+            );
             let choices: Vec<i32> = allowed(key).iter().map(|n| java[n][key]).collect();
             assert!(
                 choices.contains(&c.partition),
@@ -251,7 +258,11 @@ fn acks_by_partition(
 
 /// The longest gap between two consecutive acknowledgements of one
 /// partition that overlaps `[from, to]`.
-fn stall(acks: &BTreeMap<i32, Vec<DateTime<Utc>>>, from: DateTime<Utc>, to: DateTime<Utc>) -> Duration {
+fn stall(
+    acks: &BTreeMap<i32, Vec<DateTime<Utc>>>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Duration {
     let mut longest = chrono::Duration::zero();
     for times in acks.values() {
         for pair in times.windows(2) {
@@ -290,7 +301,11 @@ async fn readyz(addr: &str) -> Option<u16> {
 /// Progress on the process's stderr at once (the scenarios take minutes).
 fn progress(what: &str) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "kafka_cluster {}: {what}", wall_now().format("%H:%M:%S%.3f"));
+    let _ = writeln!(
+        std::io::stderr(),
+        "kafka_cluster {}: {what}",
+        wall_now().format("%H:%M:%S%.3f")
+    );
 }
 
 fn secs(d: Duration) -> String {
@@ -314,7 +329,10 @@ async fn three_brokers_under_faults() {
     for line in &figures {
         eprintln!("FIGURES kafka-cluster: {line}");
     }
-    eprintln!("FIGURES kafka-cluster: module total {}", secs(started.elapsed()));
+    eprintln!(
+        "FIGURES kafka-cluster: module total {}",
+        secs(started.elapsed())
+    );
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -347,7 +365,10 @@ async fn leader_killed(cluster: &Cluster, figures: &mut Vec<String>) {
         secs(measured),
         secs(KILL_GOAL)
     ));
-    assert!(left > 1_000, "the kill came too late to measure ({left} rows left)");
+    assert!(
+        left > 1_000,
+        "the kill came too late to measure ({left} rows left)"
+    );
     assert!(
         measured < KILL_GOAL + SLACK,
         "stall {measured:?} after kill -9 of the leader"
@@ -442,7 +463,11 @@ async fn two_brokers_down(cluster: &Cluster, figures: &mut Vec<String>) {
     tokio::time::sleep(Duration::from_secs(6)).await;
     let (published_after, expired_after) =
         (flow.published_count().await, flow.expired_count().await);
-    assert_eq!(readyz(&flow.metrics_addr).await, Some(503), "/readyz during the outage");
+    assert_eq!(
+        readyz(&flow.metrics_addr).await,
+        Some(503),
+        "/readyz during the outage"
+    );
     assert_eq!(
         published_after, published_before,
         "nothing is acknowledged without min.insync.replicas"
@@ -515,17 +540,16 @@ async fn partitions_added(cluster: &Cluster, figures: &mut Vec<String>) {
         .map(|p| (p.message_key.clone(), p.published_at))
         .collect();
     let bound = chrono::Duration::from_std(METADATA_MAX_AGE + SLACK).expect("bound");
-    let (records, duplicates, partition_of) =
-        check_topic(cluster, &topic, 6, DUE as i64, |key| {
-            let t = at[key];
-            if t < before {
-                vec![3]
-            } else if t > after + bound {
-                vec![6]
-            } else {
-                vec![3, 6]
-            }
-        });
+    let (records, duplicates, partition_of) = check_topic(cluster, &topic, 6, DUE as i64, |key| {
+        let t = at[key];
+        if t < before {
+            vec![3]
+        } else if t > after + bound {
+            vec![6]
+        } else {
+            vec![3, 6]
+        }
+    });
     let first_new = published
         .iter()
         .filter(|p| partition_of[&p.message_key] >= 3)
@@ -539,5 +563,8 @@ async fn partitions_added(cluster: &Cluster, figures: &mut Vec<String>) {
         secs(picked_up),
         secs(METADATA_MAX_AGE)
     ));
-    assert!(left > 5_000, "the change came too late to measure ({left} rows left)");
+    assert!(
+        left > 5_000,
+        "the change came too late to measure ({left} rows left)"
+    );
 }

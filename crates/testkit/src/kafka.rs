@@ -243,7 +243,11 @@ impl Cluster {
     }
 
     fn node_command(&self, command: &str, node: i32) -> Result<()> {
-        run_script("kafka.sh", &[command, dir_str(&self.dir)?, &node.to_string()]).map(drop)
+        run_script(
+            "kafka.sh",
+            &[command, dir_str(&self.dir)?, &node.to_string()],
+        )
+        .map(drop)
     }
 
     /// `kill -9` of node `node`: a crash, no controlled shutdown.
@@ -295,7 +299,10 @@ impl Cluster {
 
     /// Leader and ISR of every partition of `topic`, asked of the live nodes.
     pub fn describe(&self, topic: &str) -> Result<Vec<PartitionState>> {
-        let out = run_script("kafka.sh", &["describe-topic", &self.bootstrap().join(","), topic])?;
+        let out = run_script(
+            "kafka.sh",
+            &["describe-topic", &self.bootstrap().join(","), topic],
+        )?;
         out.lines()
             .map(|line| {
                 let mut fields = line.split('\t');
