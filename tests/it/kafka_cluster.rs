@@ -257,6 +257,24 @@ fn acks_by_partition(
 }
 
 /// The longest gap between two consecutive acknowledgements of one
+/// partition that lies within `[from, to]`: the noise without a fault.
+fn baseline(
+    acks: &BTreeMap<i32, Vec<DateTime<Utc>>>,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Duration {
+    let mut longest = chrono::Duration::zero();
+    for times in acks.values() {
+        for pair in times.windows(2) {
+            if pair[0] >= from && pair[1] <= to {
+                longest = longest.max(pair[1] - pair[0]);
+            }
+        }
+    }
+    longest.to_std().unwrap_or_default()
+}
+
+/// The longest gap between two consecutive acknowledgements of one
 /// partition that overlaps `[from, to]`.
 fn stall(
     acks: &BTreeMap<i32, Vec<DateTime<Utc>>>,
@@ -395,6 +413,9 @@ async fn rolling_restart(cluster: &Cluster, figures: &mut Vec<String>) {
     const DUE: u64 = 30_000;
     let flow = Flow::start(cluster, 3, DUE, Duration::from_secs(100)).await;
     flow.wait_published(2_000, Duration::from_secs(60)).await;
+    let quiet_from = wall_now();
+    // Deliberate fault timing: some publishing without a fault, to compare.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let mut steps = Vec::new();
     for node in 1..=3 {
         let stopped_at = wall_now();
@@ -425,10 +446,13 @@ async fn rolling_restart(cluster: &Cluster, figures: &mut Vec<String>) {
             worst = worst.max(measured);
         }
     }
+    let quiet = baseline(&acks, quiet_from, steps[0].1);
     figures.push(format!(
-        "rolling restart (goal < {} per broker): {}; {records} records, {duplicates} duplicates",
+        "rolling restart (goal < {} per broker): {}; longest gap in the 5 s before, without a fault: {}; \
+         {records} records, {duplicates} duplicates",
         secs(ROLLING_GOAL),
-        parts.join("; ")
+        parts.join("; "),
+        secs(quiet)
     ));
     assert!(
         steps[0].4 > 0,
