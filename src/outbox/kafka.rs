@@ -808,6 +808,30 @@ mod tests {
     }
 
     #[test]
+    fn the_leader_is_looked_up_again_unless_it_answered_as_leader() {
+        for suspect in [
+            ProtocolError::NotLeaderOrFollower,
+            ProtocolError::LeaderNotAvailable,
+            ProtocolError::UnknownTopicOrPartition,
+            ProtocolError::RequestTimedOut,
+        ] {
+            assert!(leader_suspect(&server(suspect)), "{suspect:?}");
+        }
+        for leader_fine in [
+            ProtocolError::NotEnoughReplicas,
+            ProtocolError::NotEnoughReplicasAfterAppend,
+            ProtocolError::ThrottlingQuotaExceeded,
+        ] {
+            assert!(!leader_suspect(&server(leader_fine)), "{leader_fine:?}");
+        }
+        let timeout = KafkaError::Timeout {
+            operation: "produce",
+            timeout: Duration::from_secs(1),
+        };
+        assert!(leader_suspect(&timeout));
+    }
+
+    #[test]
     fn only_errors_about_the_records_are_refusals() {
         for permanent in [
             ProtocolError::MessageTooLarge,
