@@ -53,6 +53,7 @@ COUNTERS = {
     "crm_booking_expiration_outbox_publish_errors": [],
     "crm_booking_expiration_outbox_deleted": [],
     "crm_booking_expiration_outbox_produce_errors": ["code"],
+    "crm_booking_expiration_kafka_metadata_refreshes": ["reason"],
 }
 GAUGES = [
     "crm_booking_expiration_backlog",

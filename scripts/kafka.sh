@@ -21,6 +21,24 @@
 #   scripts/kafka.sh consume PORT TOPIC OUTFILE [MAX_MESSAGES] [IDLE_MS]
 #                                               JSON lines, see scripts/kafka/DumpTopic.java
 #   scripts/kafka.sh classpath                  print the classpath ("$LIBS/*")
+#   scripts/kafka.sh add-partitions PORT TOPIC N
+#                                               grow TOPIC to N partitions
+#   scripts/kafka.sh describe-topic HOST:PORT[,HOST:PORT...] TOPIC
+#                                               PARTITION<TAB>LEADER<TAB>ISR (ISR comma-separated)
+#
+# Three-broker cluster (KRaft, each node broker+controller, static quorum voters):
+#   scripts/kafka.sh start-cluster DIR P1 P2 P3 node N on 127.0.0.1:PN (controller PN+1),
+#                                               state in DIR/nodeN; returns once all three
+#                                               serve metadata
+#   scripts/kafka.sh stop-cluster DIR           stop every node still running (TERM, then KILL)
+#   scripts/kafka.sh kill DIR N                 kill -9 node N (a crash: no controlled shutdown)
+#   scripts/kafka.sh stop-node DIR N            TERM node N (controlled shutdown: its leaderships
+#                                               move away before it stops); waits until it exits
+#   scripts/kafka.sh start-node DIR N           start node N again (same ports, same data)
+# Cluster settings (write_node_config): replication factor 3, min.insync.replicas=2,
+# broker.session.timeout.ms=6000, broker.heartbeat.interval.ms=1000,
+# replica.lag.time.max.ms=5000; per-node heap KAFKA_CLUSTER_HEAP_OPTS (default
+# -Xms128m -Xmx384m), serial GC.
 #
 # Environment: KAFKA_CACHE_DIR (default ~/.cache/booking-expiration/kafka-4.4.0),
 # KAFKA_START_TIMEOUT (s, default 90), KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m),
@@ -288,9 +306,191 @@ cmd_create_topic() {
   ensure_libs
   local port="$1" topic="$2" parts="$3"
   shift 3
+  local rf=(--replication-factor 1)
+  [[ " $* " == *" --replication-factor "* ]] && rf=()   # the caller gave its own
   kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
     --command-config "$KDIR/admin-client.properties" \
-    --create --if-not-exists --topic "$topic" --partitions "$parts" --replication-factor 1 "$@" </dev/null
+    --create --if-not-exists --topic "$topic" --partitions "$parts" "${rf[@]}" "$@" </dev/null
+}
+
+cmd_add_partitions() {
+  [[ $# -eq 3 ]] || usage
+  check_port "$1"
+  [[ "$3" =~ ^[0-9]+$ && "$3" -ge 1 ]] || die "bad partition count '$3'"
+  ensure_libs
+  kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$1" \
+    --command-config "$KDIR/admin-client.properties" \
+    --alter --topic "$2" --partitions "$3" </dev/null
+}
+
+cmd_describe_topic() {
+  [[ $# -eq 2 ]] || usage
+  ensure_libs
+  local out
+  out="$(kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "$1" \
+    --command-config "$KDIR/admin-client.properties" --describe --topic "$2" </dev/null)" || return 1
+  # "Topic: T  TopicId: …  Partition: 0  Leader: 2  Replicas: 2,3,1  Isr: 2,3,1  …"
+  sed -n 's/.*Partition: *\([0-9]*\).*Leader: *\(-\{0,1\}[0-9]*\).*Isr: *\([0-9,]*\).*/\1\t\2\t\3/p' <<<"$out"
+}
+
+# --- three-broker cluster ---------------------------------------------------------------
+
+# write_node_config DIR N P1 P2 P3: node N of the cluster whose PLAINTEXT ports are P1..P3
+# (controller ports P1+1..P3+1). The timing values are what the fault tests' goals are
+# measured against (README "Under faults"):
+# - broker.session.timeout.ms=6000 (default 9000), broker.heartbeat.interval.ms=1000
+#   (default 2000): the controller fences a crashed broker, and moves its leaderships,
+#   6 s after its last heartbeat.
+# - replica.lag.time.max.ms=5000 (default 30000): a follower that stopped fetching leaves
+#   the ISR after 5 s, so acks=all produces stop waiting for it.
+# - Controlled shutdown is what KRaft does on SIGTERM: the broker asks the controller to
+#   move its leaderships away and stops only then.
+write_node_config() {
+  local dir="$1" n="$2" ports=("$3" "$4" "$5") voters="" i
+  for i in 1 2 3; do
+    voters+="${voters:+,}$i@127.0.0.1:$(( ports[i-1] + 1 ))"
+  done
+  local port="${ports[n-1]}" cport=$(( ports[n-1] + 1 ))
+  cat >"$dir/server.properties" <<EOF
+# written by scripts/kafka.sh start-cluster: node $n of a three-node KRaft test cluster
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs=$dir/data
+num.partitions=3
+default.replication.factor=3
+min.insync.replicas=2
+auto.create.topics.enable=false
+unclean.leader.election.enable=false
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+transaction.state.log.num.partitions=3
+share.coordinator.state.topic.replication.factor=3
+share.coordinator.state.topic.min.isr=2
+group.initial.rebalance.delay.ms=0
+broker.session.timeout.ms=6000
+broker.heartbeat.interval.ms=1000
+replica.lag.time.max.ms=5000
+num.network.threads=2
+num.io.threads=2
+num.replica.fetchers=1
+num.recovery.threads.per.data.dir=1
+log.retention.hours=168
+EOF
+}
+
+node_dir() { echo "$1/node$2"; }
+
+check_node() { [[ "$1" =~ ^[123]$ ]] || die "bad node '$1' (1, 2 or 3)"; }
+
+cluster_dir() { # DIR -> its absolute path, if it holds a cluster
+  [[ -f "$1/cluster.ports" ]] || die "$1 holds no cluster (start-cluster first)"
+  (cd "$1" && pwd -P)
+}
+
+launch_node() { # DIR N P1 P2 P3: starts the JVM, does not wait
+  local dir="$1" n="$2" ndir
+  ndir="$(node_dir "$dir" "$n")"
+  mkdir -p "$ndir"
+  write_node_config "$ndir" "$n" "$3" "$4" "$5"
+  if [[ ! -f "$ndir/data/meta.properties" ]]; then
+    kjava kafka.tools.StorageTool format -t "$(cat "$dir/cluster.id")" -c "$ndir/server.properties" \
+      </dev/null >"$ndir/format.log" 2>&1 \
+      || { cat "$ndir/format.log" >&2; die "kafka-storage format failed (node $n)"; }
+  fi
+  # shellcheck disable=SC2086
+  nohup "$JAVA" ${KAFKA_CLUSTER_HEAP_OPTS:--Xms128m -Xmx384m} \
+    -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError \
+    -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$KDIR/log4j2.properties" \
+    ${KAFKA_JAVA_OPTS:-} \
+    -cp "$LIBS/*" kafka.Kafka "$ndir/server.properties" \
+    >>"$ndir/kafka.log" 2>&1 </dev/null &
+  echo $! >"$ndir/kafka.pid"
+}
+
+cmd_start_cluster() {
+  [[ $# -eq 4 ]] || usage
+  local dir t0 p q n cid ports=("$2" "$3" "$4")
+  for p in "${ports[@]}"; do check_port "$p"; done
+  dir="$(abs_dir "$1")"
+  t0=$(now_ms)
+  ensure_libs
+  for n in 1 2 3; do
+    if pid_of "$(node_dir "$dir" "$n")" >/dev/null; then
+      die "node $n of $dir already runs: stop-cluster first"
+    fi
+  done
+  for p in "${ports[@]}"; do
+    for q in "$p" $(( p + 1 )); do
+      if port_open "$q"; then die "127.0.0.1:$q is already in use"; fi
+    done
+  done
+  if [[ ! -f "$dir/cluster.id" ]]; then
+    cid="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    [[ "$cid" == -* ]] && cid="A${cid:1}"
+    echo "$cid" >"$dir/cluster.id"
+  fi
+  echo "${ports[*]}" >"$dir/cluster.ports"
+  for n in 1 2 3; do launch_node "$dir" "$n" "${ports[@]}"; done
+  for n in 1 2 3; do
+    wait_ready "$(node_dir "$dir" "$n")" "${ports[n-1]}" "$(cat "$(node_dir "$dir" "$n")/kafka.pid")"
+  done
+  log "cluster ready on 127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]} (state in $dir) in $(since "$t0")"
+}
+
+cmd_stop_cluster() {
+  [[ $# -eq 1 ]] || usage
+  [[ -d "$1" ]] || { log "no $1: nothing to stop"; return 0; }
+  local n pid pids=()
+  # All at once: one by one, the last nodes would wait for a quorum that is gone.
+  for n in 1 2 3; do
+    if [[ -d "$1/node$n" ]]; then
+      cmd_stop "$1/node$n" &
+      pids+=($!)
+    fi
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || true; done
+}
+
+cmd_kill_node() {
+  [[ $# -eq 2 ]] || usage
+  check_node "$2"
+  local ndir pid
+  ndir="$(cluster_dir "$1")/node$2"
+  pid="$(pid_of "$ndir")" || die "node $2 of $1 is not running"
+  kill -KILL "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  rm -f "$ndir/kafka.pid"
+  log "node $2 killed (pid $pid)"
+}
+
+cmd_stop_node() {
+  [[ $# -eq 2 ]] || usage
+  check_node "$2"
+  cmd_stop "$(cluster_dir "$1")/node$2"
+}
+
+cmd_start_node() {
+  [[ $# -eq 2 ]] || usage
+  check_node "$2"
+  local dir ndir ports t0
+  dir="$(cluster_dir "$1")"
+  ndir="$(node_dir "$dir" "$2")"
+  t0=$(now_ms)
+  ensure_libs
+  read -r -a ports <"$dir/cluster.ports"
+  if pid_of "$ndir" >/dev/null; then die "node $2 of $dir already runs"; fi
+  launch_node "$dir" "$2" "${ports[@]}"
+  wait_ready "$ndir" "${ports[$2-1]}" "$(cat "$ndir/kafka.pid")"
+  log "node $2 ready on 127.0.0.1:${ports[$2-1]} in $(since "$t0")"
 }
 
 cmd_alter_topic_config() {
@@ -351,6 +551,13 @@ main() {
     partition) cmd_partition "$@" ;;
     produce) cmd_produce "$@" ;;
     consume) cmd_consume "$@" ;;
+    add-partitions) cmd_add_partitions "$@" ;;
+    describe-topic) cmd_describe_topic "$@" ;;
+    start-cluster) cmd_start_cluster "$@" ;;
+    stop-cluster) cmd_stop_cluster "$@" ;;
+    kill) cmd_kill_node "$@" ;;
+    stop-node) cmd_stop_node "$@" ;;
+    start-node) cmd_start_node "$@" ;;
     classpath) [[ $# -eq 0 ]] || usage; ensure_libs; echo "$LIBS/*" ;;
     -h|--help|help) usage 0 ;;
     *) log "unknown command '$cmd'"; usage ;;

@@ -205,7 +205,8 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         let retention = publisher_settings.retention;
         let publisher = Publisher::new(
             pool.clone(),
-            KafkaSink::new(kafka_settings),
+            KafkaSink::new(kafka_settings)
+                .with_metadata_refreshes(metrics.kafka_metadata_refreshes.clone()),
             Arc::clone(&clock),
             publisher_settings,
             Arc::clone(&metrics),

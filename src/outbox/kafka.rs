@@ -1,7 +1,17 @@
 //! The Kafka side of the publisher, on rskafka: each call bounded by one
 //! request timeout whatever steps it takes, keyed partitioning that agrees
-//! with the Java client, and a connection that is rebuilt from scratch
-//! after any failure.
+//! with the Java client, a partition whose produce fails retried against
+//! its leader looked up again from fresh metadata (within the same call),
+//! the topic's partition count re-read every [`METADATA_MAX_AGE`], and a
+//! connection that is rebuilt from scratch after a call that failed.
+//!
+//! Why the sink retries itself: rskafka's own retry loops (produce, leader
+//! detection) keep going until their backoff deadline, and after a leader
+//! died they kept reconnecting to its address for that long. Their deadline
+//! is now short ([`RSKAFKA_RETRY_DEADLINE`]); the sink then builds a new
+//! partition client, which asks a live broker who leads the partition now,
+//! and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`] while the call's
+//! budget lasts.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -11,6 +21,7 @@ use std::{
 
 use booking_expired_proto::partition_for_key;
 use futures_util::future::join_all;
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use rskafka::{
     BackoffConfig,
     client::{
@@ -26,14 +37,32 @@ pub use super::sink::OutgoingRecord;
 use super::sink::{Delivery, Produced, Refusal, Sink, SinkError};
 use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
-    telemetry::ErrorChain,
+    telemetry::{ErrorChain, metrics::ReasonLabel},
 };
 
 /// Pause between metadata lookups while a topic just created appears.
 const TOPIC_POLL: Duration = Duration::from_millis(50);
 
-/// How long a topic's partition count is trusted before it is looked up again.
-const METADATA_TTL: Duration = Duration::from_secs(60);
+/// How long a topic's partition count is trusted: the first call after
+/// this re-reads it (one metadata request), so partitions added to the
+/// topic get records at most this long (plus one call) after they appear.
+/// Kafka's Java producer uses `metadata.max.age.ms` (5 min by default) for
+/// the same; a metadata request every 10 s costs nothing.
+pub const METADATA_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// Deadline of rskafka's own retry loops (the sum of their backoff
+/// sleeps): short, so a produce or a leader lookup that keeps failing
+/// comes back to the sink, which looks the leader up afresh.
+const RSKAFKA_RETRY_DEADLINE: Duration = Duration::from_millis(500);
+
+/// First pause before the sink retries a partition whose produce failed.
+pub const RETRY_MIN: Duration = Duration::from_millis(100);
+
+/// Longest pause between the sink's retries of a partition.
+pub const RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// A retry is not started with less of the call's budget left than this.
+const RETRY_FLOOR: Duration = Duration::from_millis(250);
 
 /// Errors of the Kafka layer.
 #[derive(Debug, thiserror::Error)]
@@ -134,9 +163,13 @@ pub fn error_name(error: &ProtocolError) -> String {
 /// call's records).
 #[derive(Default)]
 struct PartitionOutcome {
+    partition: i32,
     deliveries: Vec<(usize, Delivery)>,
     error: Option<KafkaError>,
     error_codes: Vec<String>,
+    /// A partition client built during the call (the leader looked up
+    /// again), to keep for the next calls.
+    replaced: Option<Arc<PartitionClient>>,
 }
 
 /// The time budget of one call. Every step of a call (waiting for the
@@ -198,6 +231,8 @@ struct Connection {
 pub struct KafkaSink {
     settings: KafkaSettings,
     connection: Mutex<Option<Connection>>,
+    /// Metadata lookups by reason (`connect`, `periodic`, `leader`).
+    metadata_refreshes: Family<ReasonLabel, Counter>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -213,7 +248,21 @@ impl KafkaSink {
         Self {
             settings,
             connection: Mutex::new(None),
+            metadata_refreshes: Family::default(),
         }
+    }
+
+    /// Counts metadata lookups into `refreshes` (the process's
+    /// `crm_booking_expiration_kafka_metadata_refreshes_total`).
+    pub fn with_metadata_refreshes(mut self, refreshes: Family<ReasonLabel, Counter>) -> Self {
+        self.metadata_refreshes = refreshes;
+        self
+    }
+
+    fn count_refresh(&self, reason: &'static str) {
+        self.metadata_refreshes
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 
     fn compression(&self) -> KafkaCompression {
@@ -230,14 +279,14 @@ impl KafkaSink {
 
     async fn connect(&self, budget: &Budget) -> Result<Client, KafkaError> {
         // rskafka retries forever by default; the deadline turns a dead
-        // broker into an error the publisher can count and back off from.
-        // It is the client's for its whole life (its partition clients
-        // retry with it too); each call's own budget cuts in first anyway.
+        // broker into an error. It is the client's for its whole life (its
+        // partition clients retry with it too) and short: the sink retries
+        // a failed partition itself, from fresh metadata (module docs).
         let backoff = BackoffConfig {
             init_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(1),
             base: 2.0,
-            deadline: Some(self.settings.request_timeout),
+            deadline: Some(RSKAFKA_RETRY_DEADLINE.min(self.settings.request_timeout)),
         };
         let mut builder = ClientBuilder::new(self.settings.bootstrap_servers.clone())
             .client_id(self.settings.client_id.clone())
@@ -379,23 +428,51 @@ impl KafkaSink {
         let Some(connection) = guard.as_mut() else {
             unreachable!("connection was just set");
         };
-        let fresh = connection
-            .topics
-            .get(topic)
-            .is_some_and(|t| t.fetched_at.elapsed() < METADATA_TTL);
-        if !fresh {
-            let loaded = self.load_topic(&connection.client, topic, budget).await?;
-            if let Some(previous) = connection.topics.get(topic)
-                && previous.partitions.len() != loaded.partitions.len()
-            {
-                tracing::warn!(
-                    topic,
-                    before = previous.partitions.len(),
-                    after = loaded.partitions.len(),
-                    "partition count changed; keys map to new partitions from now on"
-                );
+        match connection.topics.get_mut(topic) {
+            None => {
+                self.count_refresh("connect");
+                let loaded = self.load_topic(&connection.client, topic, budget).await?;
+                connection.topics.insert(topic.to_owned(), loaded);
             }
-            connection.topics.insert(topic.to_owned(), loaded);
+            Some(known) if known.fetched_at.elapsed() >= METADATA_MAX_AGE => {
+                // Only the count is re-read: the partition clients follow
+                // their leaders on their own (and are rebuilt on failures).
+                self.count_refresh("periodic");
+                let before = known.partitions.len();
+                let count = self
+                    .partition_count(&connection.client, topic, budget)
+                    .await?
+                    .ok_or_else(|| KafkaError::TopicMissing(topic.to_owned()))?;
+                if count < before {
+                    // Kafka never shrinks a topic; a recreated one starts over.
+                    let loaded = self.load_topic(&connection.client, topic, budget).await?;
+                    *known = loaded;
+                } else {
+                    for partition in before..count {
+                        let client = budget
+                            .step(
+                                "leader lookup",
+                                connection.client.partition_client(
+                                    topic,
+                                    partition as i32,
+                                    UnknownTopicHandling::Retry,
+                                ),
+                            )
+                            .await?;
+                        known.partitions.push(Arc::new(client));
+                    }
+                    known.fetched_at = Instant::now();
+                }
+                if count != before {
+                    tracing::warn!(
+                        topic,
+                        before,
+                        after = count,
+                        "partition count changed; keys map to new partitions from now on"
+                    );
+                }
+            }
+            Some(_) => {}
         }
         Ok(connection.topics[topic].partitions.clone())
     }
@@ -430,20 +507,32 @@ impl KafkaSink {
                 return Produced::failed(n, error.into());
             }
         };
-        let produced = self.produce_to(&partitions, topic, records, &budget).await;
+        let Some(connection) = guard.as_mut() else {
+            unreachable!("partitions_locked connected");
+        };
+        let (produced, replaced) = self
+            .produce_to(&connection.client, &partitions, topic, records, &budget)
+            .await;
         if produced.error.is_some() {
             *guard = None;
+        } else if let Some(known) = connection.topics.get_mut(topic) {
+            for (partition, client) in replaced {
+                if let Some(slot) = known.partitions.get_mut(partition as usize) {
+                    *slot = client;
+                }
+            }
         }
         produced
     }
 
     async fn produce_to(
         &self,
+        client: &Client,
         partitions: &[Arc<PartitionClient>],
         topic: &str,
         records: Vec<OutgoingRecord>,
         budget: &Budget,
-    ) -> Produced {
+    ) -> (Produced, Vec<(i32, Arc<PartitionClient>)>) {
         let n = records.len();
         let count = partitions.len() as i32;
         let mut by_partition: BTreeMap<i32, Vec<(usize, Record)>> = BTreeMap::new();
@@ -461,17 +550,27 @@ impl KafkaSink {
         }
         let compression = self.compression();
         let sends = by_partition.into_iter().map(|(partition, records)| {
-            let client = Arc::clone(&partitions[partition as usize]);
-            async move {
-                produce_partition(&client, topic, partition, records, compression, budget).await
-            }
+            let current = Arc::clone(&partitions[partition as usize]);
+            let target = Target {
+                client,
+                topic,
+                partition,
+                compression,
+                budget,
+                sink: self,
+            };
+            async move { produce_partition(target, current, records).await }
         });
         let mut produced = Produced {
             deliveries: vec![Delivery::Pending; n],
             error: None,
             error_codes: Vec::new(),
         };
+        let mut replaced = Vec::new();
         for outcome in join_all(sends).await {
+            if let Some(client) = outcome.replaced {
+                replaced.push((outcome.partition, client));
+            }
             for (index, delivery) in outcome.deliveries {
                 produced.deliveries[index] = delivery;
             }
@@ -482,25 +581,68 @@ impl KafkaSink {
                 produced.error = Some(error.into());
             }
         }
-        produced
+        (produced, replaced)
     }
+}
+
+/// Where one partition's records go, and what a retry needs.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    client: &'a Client,
+    topic: &'a str,
+    partition: i32,
+    compression: KafkaCompression,
+    budget: &'a Budget,
+    sink: &'a KafkaSink,
+}
+
+/// Whether the leader is looked up again before retrying after `error`:
+/// yes, unless the broker answered as the leader and only lacks replicas
+/// or asks to slow down.
+fn leader_suspect(error: &KafkaError) -> bool {
+    let KafkaError::Request { source, .. } = error else {
+        return true;
+    };
+    !matches!(
+        server_error(source),
+        Some(
+            ProtocolError::NotEnoughReplicas
+                | ProtocolError::NotEnoughReplicasAfterAppend
+                | ProtocolError::ThrottlingQuotaExceeded
+                | ProtocolError::PolicyViolation
+        )
+    )
 }
 
 /// Produces one partition's records: one request, split in halves while
 /// the broker refuses a multi-record request for a reason that is about
 /// the records (see [`KafkaError::refusal`]); a single record refused so
-/// is [`Delivery::Refused`]. The first retriable failure ends the
-/// partition: the rest stay [`Delivery::Pending`]. Halves go in order, so
-/// the partition's records keep their order.
+/// is [`Delivery::Refused`]. Any other failure is retried after a short
+/// pause ([`RETRY_MIN`] doubling to [`RETRY_MAX`]), through a partition
+/// client built afresh (it asks a live broker for the current leader)
+/// unless the leader itself answered (see [`leader_suspect`]), while the
+/// call's budget lasts; then the rest stay [`Delivery::Pending`]. Halves
+/// go in order, so the partition's records keep their order. A retry
+/// after a lost answer can write a record twice (same `ce_id`, same bytes).
 async fn produce_partition(
-    client: &PartitionClient,
-    topic: &str,
-    partition: i32,
+    target: Target<'_>,
+    mut current: Arc<PartitionClient>,
     records: Vec<(usize, Record)>,
-    compression: KafkaCompression,
-    budget: &Budget,
 ) -> PartitionOutcome {
-    let mut outcome = PartitionOutcome::default();
+    let Target {
+        client,
+        topic,
+        partition,
+        compression,
+        budget,
+        sink,
+    } = target;
+    let mut outcome = PartitionOutcome {
+        partition,
+        ..PartitionOutcome::default()
+    };
+    let mut pause = RETRY_MIN;
+    let mut find_leader = false;
     // Chunks still to send, the next one last.
     let mut chunks = vec![records];
     while let Some(mut chunk) = chunks.pop() {
@@ -512,10 +654,30 @@ async fn produce_partition(
         }
         let sent = chunk.len();
         let batch: Vec<Record> = chunk.iter().map(|(_, record)| record.clone()).collect();
-        let error = match budget
-            .step("produce", client.produce(batch, compression))
-            .await
-        {
+        let mut attempt = Ok(());
+        if find_leader {
+            sink.count_refresh("leader");
+            attempt = budget
+                .step(
+                    "leader lookup",
+                    client.partition_client(topic, partition, UnknownTopicHandling::Retry),
+                )
+                .await
+                .map(|fresh| {
+                    current = Arc::new(fresh);
+                    outcome.replaced = Some(Arc::clone(&current));
+                    find_leader = false;
+                });
+        }
+        let result = match attempt {
+            Ok(()) => {
+                budget
+                    .step("produce", current.produce(batch, compression))
+                    .await
+            }
+            Err(error) => Err(error),
+        };
+        let error = match result {
             Ok(offsets) if offsets.len() == sent => {
                 outcome
                     .deliveries
@@ -558,6 +720,23 @@ async fn produce_partition(
                     .deliveries
                     .push((*index, Delivery::Refused(refusal)));
             }
+            None if !matches!(error, KafkaError::Timeout { .. })
+                && budget.remaining() > pause + RETRY_FLOOR =>
+            {
+                find_leader = leader_suspect(&error);
+                tracing::info!(
+                    topic,
+                    partition,
+                    code,
+                    error = %ErrorChain(&error),
+                    retry_in_ms = pause.as_millis() as u64,
+                    find_leader,
+                    "produce failed; retrying"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RETRY_MAX);
+                chunks.push(chunk);
+            }
             None => {
                 outcome
                     .deliveries
@@ -580,7 +759,7 @@ impl Sink for KafkaSink {
 
     /// Same settings, its own connection (see [`Sink::sibling`]).
     fn sibling(&self) -> Self {
-        Self::new(self.settings.clone())
+        Self::new(self.settings.clone()).with_metadata_refreshes(self.metadata_refreshes.clone())
     }
 }
 
@@ -626,6 +805,30 @@ mod tests {
             timeout: Duration::from_secs(1),
         };
         assert_eq!(timeout.code(), "CLIENT_TIMEOUT");
+    }
+
+    #[test]
+    fn the_leader_is_looked_up_again_unless_it_answered_as_leader() {
+        for suspect in [
+            ProtocolError::NotLeaderOrFollower,
+            ProtocolError::LeaderNotAvailable,
+            ProtocolError::UnknownTopicOrPartition,
+            ProtocolError::RequestTimedOut,
+        ] {
+            assert!(leader_suspect(&server(suspect)), "{suspect:?}");
+        }
+        for leader_fine in [
+            ProtocolError::NotEnoughReplicas,
+            ProtocolError::NotEnoughReplicasAfterAppend,
+            ProtocolError::ThrottlingQuotaExceeded,
+        ] {
+            assert!(!leader_suspect(&server(leader_fine)), "{leader_fine:?}");
+        }
+        let timeout = KafkaError::Timeout {
+            operation: "produce",
+            timeout: Duration::from_secs(1),
+        };
+        assert!(leader_suspect(&timeout));
     }
 
     #[test]

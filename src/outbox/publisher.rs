@@ -162,7 +162,10 @@ impl<S: Sink> Publisher<S> {
             .transaction(async |conn| {
                 let rows = outbox::claim_unpublished(conn, limit).await?;
                 if rows.is_empty() {
-                    // Nothing was sent: says nothing about the broker.
+                    // Nothing was sent: says nothing about the broker, but
+                    // nothing waits either, so a past produce failure no
+                    // longer holds readiness back (the check decides).
+                    self.health.record_nothing_waiting();
                     return Ok::<_, PublishError>((Batch::default(), Vec::new(), None));
                 }
                 let claimed = rows.len();
@@ -209,7 +212,7 @@ impl<S: Sink> Publisher<S> {
                 }
                 // Any answer at all is a real exchange with the broker; a
                 // failure on any partition is not ready.
-                self.health.set_broker_reachable(error.is_none());
+                self.health.record_produce(error.is_none());
                 self.metrics
                     .outbox_produce_duration_seconds
                     .observe(started.elapsed().as_secs_f64());

@@ -15,7 +15,12 @@ pub struct Health {
     publisher_enabled: bool,
     /// Unix millis of the last successful cycle; 0 = none yet.
     last_cycle_success_ms: AtomicI64,
+    /// The broker check (a metadata request) succeeded last time.
     broker_reachable: AtomicBool,
+    /// The last produce failed and rows still wait. A broker can answer
+    /// metadata while produces fail (two of three brokers down:
+    /// NOT_ENOUGH_REPLICAS), so the check alone does not make it ready.
+    produce_failing: AtomicBool,
 }
 
 impl Health {
@@ -26,6 +31,7 @@ impl Health {
             publisher_enabled,
             last_cycle_success_ms: AtomicI64::new(0),
             broker_reachable: AtomicBool::new(false),
+            produce_failing: AtomicBool::new(false),
         }
     }
 
@@ -38,8 +44,26 @@ impl Health {
         self.broker_reachable.store(reachable, Ordering::Relaxed);
     }
 
+    /// Records a produce round: `ok` when every record was acknowledged
+    /// (or nothing waited to be sent). A success also proves the broker
+    /// reachable.
+    pub fn record_produce(&self, ok: bool) {
+        self.produce_failing.store(!ok, Ordering::Relaxed);
+        if ok {
+            self.broker_reachable.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Nothing waits in the outbox: a past produce failure no longer
+    /// holds readiness back (the broker check decides alone).
+    pub fn record_nothing_waiting(&self) {
+        self.produce_failing.store(false, Ordering::Relaxed);
+    }
+
     pub fn broker_ready(&self) -> bool {
-        !self.publisher_enabled || self.broker_reachable.load(Ordering::Relaxed)
+        !self.publisher_enabled
+            || (self.broker_reachable.load(Ordering::Relaxed)
+                && !self.produce_failing.load(Ordering::Relaxed))
     }
 
     /// Live while a cycle succeeded within `window`, or the process started
@@ -72,5 +96,22 @@ mod tests {
         assert!(!health.broker_ready());
         health.set_broker_reachable(true);
         assert!(health.broker_ready());
+    }
+
+    #[test]
+    fn a_failing_produce_keeps_it_unready_whatever_the_check_says() {
+        let health = Health::new(Utc.timestamp_opt(1_800_000_000, 0).unwrap(), true, true);
+        health.set_broker_reachable(true);
+        health.record_produce(false);
+        health.set_broker_reachable(true);
+        assert!(!health.broker_ready());
+        health.record_produce(true);
+        assert!(health.broker_ready());
+        health.record_produce(false);
+        health.record_nothing_waiting();
+        assert!(health.broker_ready());
+        health.set_broker_reachable(false);
+        health.record_nothing_waiting();
+        assert!(!health.broker_ready());
     }
 }

@@ -30,6 +30,15 @@ pub struct CodeLabel {
     pub code: String,
 }
 
+/// The `reason` label of metadata lookups: `connect` (a new connection
+/// loads the topic), `periodic` (the partition count re-read after
+/// `METADATA_MAX_AGE`), `leader` (a partition's leader looked up again
+/// after a failed produce).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 /// Every metric the process exports. Counters are registered without the
 /// `_total` suffix because the OpenMetrics encoder appends it.
 pub struct Metrics {
@@ -55,6 +64,8 @@ pub struct Metrics {
     pub outbox_parked: Gauge,
     /// Failed produce requests, by Kafka error code.
     pub outbox_produce_errors: Family<CodeLabel, Counter>,
+    /// Kafka metadata lookups, by reason.
+    pub kafka_metadata_refreshes: Family<ReasonLabel, Counter>,
 }
 
 /// Lateness buckets: fine below a second (the deadline wake-up's goal), then
@@ -108,6 +119,7 @@ impl Metrics {
             outbox_deleted: Counter::default(),
             outbox_parked: Gauge::default(),
             outbox_produce_errors: Family::default(),
+            kafka_metadata_refreshes: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -200,6 +212,11 @@ impl Metrics {
             "Failed produce requests to Kafka, by Kafka error code",
             metrics.outbox_produce_errors.clone(),
         );
+        registry.register(
+            "crm_booking_expiration_kafka_metadata_refreshes",
+            "Kafka metadata lookups by reason: connect, periodic (partition count), leader (after a failed produce)",
+            metrics.kafka_metadata_refreshes.clone(),
+        );
         Self {
             registry,
             ..metrics
@@ -236,6 +253,10 @@ mod tests {
             .lateness_seconds
             .get_or_create(&Phase::Booking.into())
             .observe(0.3);
+        metrics
+            .kafka_metadata_refreshes
+            .get_or_create(&ReasonLabel { reason: "periodic" })
+            .inc();
         let text = metrics.encode();
         for name in [
             "crm_booking_expiration_cycle_duration_seconds_bucket",
@@ -246,6 +267,7 @@ mod tests {
             "crm_booking_expiration_errors_total ",
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds ",
             "crm_booking_expiration_outbox_parked ",
+            "crm_booking_expiration_kafka_metadata_refreshes_total{reason=\"periodic\"} 1",
         ] {
             assert!(text.contains(name), "{name} missing in\n{text}");
         }

@@ -11,6 +11,7 @@ mod expiry_cycle;
 mod failover;
 mod faults;
 mod java_consumer;
+mod kafka_cluster;
 mod live_migration;
 mod outbox_parking;
 mod pg_tls;

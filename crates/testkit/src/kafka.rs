@@ -169,13 +169,16 @@ pub fn java_partitions(keys: &[String], partitions: i32) -> Result<BTreeMap<Stri
         .stdout(Stdio::piped())
         .spawn()
         .context("run scripts/kafka.sh partition")?;
-    {
-        let stdin = child.stdin.as_mut().context("stdin")?;
-        for key in keys {
-            writeln!(stdin, "{key}")?;
-        }
-    }
+    // Keys go in on a thread of their own: with many keys the answers fill
+    // the stdout pipe before all keys are written, and writing and reading
+    // on one thread would wait on each other for ever.
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let input: String = keys.iter().map(|key| format!("{key}\n")).collect();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
     let output = child.wait_with_output()?;
+    writer
+        .join()
+        .map_err(|_| anyhow::anyhow!("the thread writing keys panicked"))??;
     ensure!(output.status.success(), "scripts/kafka.sh partition failed");
     String::from_utf8(output.stdout)?
         .lines()
@@ -184,4 +187,155 @@ pub fn java_partitions(keys: &[String], partitions: i32) -> Result<BTreeMap<Stri
             Ok((key.to_owned(), partition.trim().parse()?))
         })
         .collect()
+}
+
+/// A three-broker KRaft cluster started by `scripts/kafka.sh start-cluster`
+/// in `dir` (node N on `127.0.0.1:ports[N-1]`, controller on the port
+/// after); every node is stopped on drop, also when the test panicked.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+    ports: Vec<u16>,
+}
+
+/// One partition as the cluster describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionState {
+    pub partition: i32,
+    /// Node id of the leader; -1 when there is none.
+    pub leader: i32,
+    pub isr: Vec<i32>,
+}
+
+impl Cluster {
+    /// Starts three nodes on three free port pairs; returns once all serve metadata.
+    pub fn start(dir: &Path) -> Result<Self> {
+        let ports = crate::scripts::free_port_pairs(3);
+        let cluster = Self {
+            dir: dir.to_owned(),
+            ports,
+        };
+        let ports: Vec<String> = cluster.ports.iter().map(u16::to_string).collect();
+        run_script(
+            "kafka.sh",
+            &[
+                "start-cluster",
+                dir_str(&cluster.dir)?,
+                &ports[0],
+                &ports[1],
+                &ports[2],
+            ],
+        )?;
+        Ok(cluster)
+    }
+
+    /// All three addresses.
+    pub fn bootstrap(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect()
+    }
+
+    /// The PLAINTEXT port of node `node` (1–3).
+    pub fn port(&self, node: i32) -> u16 {
+        self.ports[(node - 1) as usize]
+    }
+
+    fn node_command(&self, command: &str, node: i32) -> Result<()> {
+        run_script(
+            "kafka.sh",
+            &[command, dir_str(&self.dir)?, &node.to_string()],
+        )
+        .map(drop)
+    }
+
+    /// `kill -9` of node `node`: a crash, no controlled shutdown.
+    pub fn kill(&self, node: i32) -> Result<()> {
+        self.node_command("kill", node)
+    }
+
+    /// SIGTERM (controlled shutdown), waiting until the node exited.
+    pub fn stop_node(&self, node: i32) -> Result<()> {
+        self.node_command("stop-node", node)
+    }
+
+    /// Starts node `node` again and waits until it serves metadata.
+    pub fn start_node(&self, node: i32) -> Result<()> {
+        self.node_command("start-node", node)
+    }
+
+    /// Creates `topic` with replication factor 3 and `min.insync.replicas=2`.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        run_script(
+            "kafka.sh",
+            &[
+                "create-topic",
+                &self.ports[0].to_string(),
+                topic,
+                &partitions.to_string(),
+                "--replication-factor",
+                "3",
+                "--config",
+                "min.insync.replicas=2",
+            ],
+        )
+        .map(drop)
+    }
+
+    /// Grows `topic` to `partitions` partitions (through node `via`).
+    pub fn add_partitions(&self, via: i32, topic: &str, partitions: i32) -> Result<()> {
+        run_script(
+            "kafka.sh",
+            &[
+                "add-partitions",
+                &self.port(via).to_string(),
+                topic,
+                &partitions.to_string(),
+            ],
+        )
+        .map(drop)
+    }
+
+    /// Leader and ISR of every partition of `topic`, asked of the live nodes.
+    pub fn describe(&self, topic: &str) -> Result<Vec<PartitionState>> {
+        let out = run_script(
+            "kafka.sh",
+            &["describe-topic", &self.bootstrap().join(","), topic],
+        )?;
+        out.lines()
+            .map(|line| {
+                let mut fields = line.split('\t');
+                let mut next = || fields.next().context("PARTITION\\tLEADER\\tISR");
+                let partition = next()?.parse()?;
+                let leader = next()?.parse()?;
+                let isr = next()?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?;
+                Ok(PartitionState {
+                    partition,
+                    leader,
+                    isr,
+                })
+            })
+            .collect()
+    }
+
+    /// Stops every node still running, ignoring failures (cleanup paths).
+    pub fn stop_all(&self) {
+        let _ = script("kafka.sh")
+            .arg("stop-cluster")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
 }
