@@ -36,3 +36,4 @@ pub mod events;
 pub mod expiry;
 pub mod outbox;
 pub mod telemetry;
+pub mod tls;

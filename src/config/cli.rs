@@ -2,13 +2,13 @@
 //! uses, and the two groups that need a step after parsing (a required
 //! URL, SASL credentials that go together).
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, PublisherSettings, SaslMechanism, SeedSettings, ShutdownSettings,
+    HttpSettings, PublisherSettings, SaslMechanism, SecurityProtocol, SeedSettings, ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
 };
@@ -218,6 +218,40 @@ pub struct KafkaArgs {
         hide_env_values = true
     )]
     pub kafka_sasl_password: Option<String>,
+    /// PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (any case); unset =
+    /// SASL_PLAINTEXT with a SASL mechanism, PLAINTEXT without.
+    #[arg(id = "KAFKA_SECURITY_PROTOCOL", long = "kafka-security-protocol", env = "KAFKA_SECURITY_PROTOCOL",
+          default_value = "", hide_default_value = true, value_parser = setting(parse::security_protocol))]
+    pub kafka_security_protocol: std::option::Option<SecurityProtocol>,
+    #[command(flatten)]
+    pub tls: KafkaTlsArgs,
+}
+
+/// The TLS files of `KAFKA_SECURITY_PROTOCOL=SSL` or `SASL_SSL` (PEM),
+/// read again for every new connection.
+#[derive(Debug, Clone, Args)]
+pub struct KafkaTlsArgs {
+    /// PEM bundle of the CAs trusted for the brokers; unset = the bundled webpki (Mozilla) roots.
+    #[arg(
+        id = "KAFKA_SSL_CA_LOCATION",
+        long = "kafka-ssl-ca-location",
+        env = "KAFKA_SSL_CA_LOCATION"
+    )]
+    pub kafka_ssl_ca_location: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS; needs KAFKA_SSL_KEY_LOCATION.
+    #[arg(
+        id = "KAFKA_SSL_CERTIFICATE_LOCATION",
+        long = "kafka-ssl-certificate-location",
+        env = "KAFKA_SSL_CERTIFICATE_LOCATION"
+    )]
+    pub kafka_ssl_certificate_location: Option<PathBuf>,
+    /// PEM unencrypted private key of KAFKA_SSL_CERTIFICATE_LOCATION.
+    #[arg(
+        id = "KAFKA_SSL_KEY_LOCATION",
+        long = "kafka-ssl-key-location",
+        env = "KAFKA_SSL_KEY_LOCATION"
+    )]
+    pub kafka_ssl_key_location: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -333,6 +367,10 @@ mod tests {
             "KAFKA_SASL_MECHANISM",
             "KAFKA_SASL_USERNAME",
             "KAFKA_SASL_PASSWORD",
+            "KAFKA_SECURITY_PROTOCOL",
+            "KAFKA_SSL_CA_LOCATION",
+            "KAFKA_SSL_CERTIFICATE_LOCATION",
+            "KAFKA_SSL_KEY_LOCATION",
             "OUTBOX_BATCH_SIZE",
             "OUTBOX_POLL_INTERVAL",
             "OUTBOX_RETENTION",

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use super::Compression;
+use super::{Compression, SecurityProtocol};
 
 const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
@@ -39,6 +39,8 @@ pub const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const KAFKA_TOPIC_PARTITIONS: i32 = 3;
 pub const KAFKA_REPLICATION_FACTOR: i16 = 1;
 pub const KAFKA_COMPRESSION: Compression = Compression::None;
+/// Without a SASL mechanism; with one, an unset protocol is SASL_PLAINTEXT.
+pub const KAFKA_SECURITY_PROTOCOL: SecurityProtocol = SecurityProtocol::Plaintext;
 
 pub const METRICS_ADDR: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 9464));
@@ -99,7 +101,7 @@ macro_rules! as_text_by_display {
         })*
     };
 }
-as_text_by_display!(u32, u64, i32, i16, f64, bool, SocketAddr, Compression);
+as_text_by_display!(u32, u64, i32, i16, f64, bool, SocketAddr, Compression, SecurityProtocol);
 
 /// The `&'static str` clap takes as a default, made once from a typed
 /// default: `default_value = text!(defaults::EXPIRATION_INTERVAL)`.
@@ -198,6 +200,10 @@ mod tests {
             reparsed(&KAFKA_COMPRESSION, parse::compression),
             KAFKA_COMPRESSION
         );
+        assert_eq!(
+            reparsed(&KAFKA_SECURITY_PROTOCOL, parse::security_protocol),
+            Some(KAFKA_SECURITY_PROTOCOL)
+        );
         assert_eq!(reparsed(&METRICS_ADDR, parse::socket_addr), METRICS_ADDR);
         assert_eq!(reparsed(&SEED_ACTIVE, parse::whole_number), SEED_ACTIVE);
         assert_eq!(reparsed(&SEED_NONE, parse::whole_number), SEED_NONE);
@@ -221,6 +227,7 @@ mod tests {
             (Duration::ZERO.as_text(), "0s"),
             (METRICS_ADDR.as_text(), "127.0.0.1:9464"),
             (KAFKA_COMPRESSION.as_text(), "none"),
+            (KAFKA_SECURITY_PROTOCOL.as_text(), "PLAINTEXT"),
             (SEED_DUE_FRACTION.as_text(), "0.2"),
         ];
         for (text, documented) in texts {

@@ -23,7 +23,10 @@ use rskafka::{
 use tokio::sync::Mutex;
 
 pub use super::sink::OutgoingRecord;
-use super::sink::{Delivery, Produced, Refusal, Sink, SinkError};
+use super::{
+    kafka_tls::{SecurityError, TlsBridge, explain_connect},
+    sink::{Delivery, Produced, Refusal, Sink, SinkError},
+};
 use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::ErrorChain,
@@ -66,6 +69,9 @@ pub enum KafkaError {
         sent: usize,
         acked: usize,
     },
+    /// TLS or SASL refused the connection (the text names the setting).
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 impl KafkaError {
@@ -85,6 +91,7 @@ impl KafkaError {
             KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
             KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
             KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
+            KafkaError::Security(_) => "CLIENT_SECURITY".into(),
         }
     }
 
@@ -198,6 +205,9 @@ struct Connection {
 pub struct KafkaSink {
     settings: KafkaSettings,
     connection: Mutex<Option<Connection>>,
+    /// The in-process TLS bridge (`SSL`, `SASL_SSL`), started at the first
+    /// connect and shared with siblings.
+    tls_bridge: Arc<tokio::sync::OnceCell<TlsBridge>>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -213,6 +223,7 @@ impl KafkaSink {
         Self {
             settings,
             connection: Mutex::new(None),
+            tls_bridge: Arc::default(),
         }
     }
 
@@ -250,11 +261,34 @@ impl KafkaSink {
                 SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(credentials),
             });
         }
+        let mut bridge = None;
+        if let Some(tls) = &self.settings.tls {
+            let started = self
+                .tls_bridge
+                .get_or_try_init(|| TlsBridge::start(tls.clone(), self.settings.request_timeout))
+                .await?;
+            builder = builder.socks5_proxy(started.proxy());
+            bridge = Some(started);
+        }
         let servers = self.settings.bootstrap_servers.join(",");
+        // A TLS or SASL refusal is reported as such, naming its setting.
+        let security = |source: Option<&ClientError>| {
+            bridge.and_then(TlsBridge::take_failure).or_else(|| {
+                explain_connect(
+                    self.settings.security_protocol(),
+                    self.settings.sasl.as_ref().map(|sasl| sasl.mechanism),
+                    &servers,
+                    source?,
+                )
+            })
+        };
         match tokio::time::timeout_at(budget.deadline, builder.build()).await {
             Ok(Ok(client)) => Ok(client),
-            Ok(Err(source)) => Err(KafkaError::Connect { servers, source }),
-            Err(_) => Err(budget.timed_out("connect")),
+            Ok(Err(source)) => Err(match security(Some(&source)) {
+                Some(error) => error.into(),
+                None => KafkaError::Connect { servers, source },
+            }),
+            Err(_) => Err(security(None).map_or_else(|| budget.timed_out("connect"), Into::into)),
         }
     }
 
@@ -580,7 +614,10 @@ impl Sink for KafkaSink {
 
     /// Same settings, its own connection (see [`Sink::sibling`]).
     fn sibling(&self) -> Self {
-        Self::new(self.settings.clone())
+        Self {
+            tls_bridge: Arc::clone(&self.tls_bridge),
+            ..Self::new(self.settings.clone())
+        }
     }
 }
 
