@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, PublisherSettings, SaslMechanism, SecurityProtocol, SeedSettings, ShutdownSettings,
+    HttpSettings, PublisherSettings, SaslMechanism, SecurityProtocol, SeedSettings,
+    ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
 };
@@ -476,5 +477,60 @@ mod tests {
             with(&["--kafka-request-timeout", "31s", "--no-publisher"]).is_ok(),
             "no Kafka, no rule"
         );
+    }
+
+    #[test]
+    fn kafka_security_protocol_agrees_with_sasl_and_tls_settings() {
+        use crate::config::SecurityProtocol::*;
+        let with = |extra: &[&str]| run(&[&REQUIRED[..], extra].concat());
+        let protocol = |extra: &[&str]| with(extra).map(|s| s.kafka.unwrap().security_protocol());
+        let sasl = [
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            "u",
+            "--kafka-sasl-password",
+            "hunter2",
+        ];
+        assert_eq!(protocol(&[]), Ok(Plaintext));
+        assert_eq!(protocol(&sasl), Ok(SaslPlaintext), "as before the setting");
+        assert_eq!(
+            protocol(&[&sasl[..], &["--kafka-security-protocol", "sasl_ssl"]].concat()),
+            Ok(SaslSsl)
+        );
+        assert_eq!(
+            protocol(&["--kafka-security-protocol", "Ssl"]),
+            Ok(Ssl),
+            "any case, as librdkafka"
+        );
+        let error = with(&[&sasl[..], &["--kafka-security-protocol", "SSL"]].concat()).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SASL_MECHANISM");
+        assert!(error.problem.contains("SSL uses no SASL"), "{error}");
+        let error = with(&["--kafka-security-protocol", "SASL_SSL"]).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SASL_MECHANISM");
+        let error = with(&["--kafka-ssl-ca-location", "/etc/ca.pem"]).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
+        assert!(error.problem.contains("PLAINTEXT uses no TLS"), "{error}");
+        let tls = ["--kafka-security-protocol", "SSL"];
+        let error = with(&[&tls[..], &["--kafka-ssl-certificate-location", "/c.pem"]].concat())
+            .unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_KEY_LOCATION");
+        let error =
+            with(&[&tls[..], &["--kafka-ssl-key-location", "/k.pem"]].concat()).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_CERTIFICATE_LOCATION");
+        if crate::tls::cpu_supported() {
+            let settings = with(&tls).unwrap().kafka.unwrap();
+            assert_eq!(settings.tls.unwrap().ca, None, "the bundled roots");
+            let error = with(
+                &[
+                    &tls[..],
+                    &["--kafka-ssl-ca-location", "/nonexistent/ca.pem"],
+                ]
+                .concat(),
+            )
+            .unwrap_err();
+            assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
+            assert!(error.problem.contains("cannot read"), "{error}");
+        }
     }
 }

@@ -101,7 +101,17 @@ macro_rules! as_text_by_display {
         })*
     };
 }
-as_text_by_display!(u32, u64, i32, i16, f64, bool, SocketAddr, Compression, SecurityProtocol);
+as_text_by_display!(
+    u32,
+    u64,
+    i32,
+    i16,
+    f64,
+    bool,
+    SocketAddr,
+    Compression,
+    SecurityProtocol
+);
 
 /// The `&'static str` clap takes as a default, made once from a typed
 /// default: `default_value = text!(defaults::EXPIRATION_INTERVAL)`.

@@ -336,9 +336,7 @@ const REPLY_COMMAND_UNSUPPORTED: u8 = 0x07;
 
 async fn reply(stream: &mut TcpStream, code: u8) -> std::io::Result<()> {
     // Bound address 0.0.0.0:0: rskafka does not use it.
-    stream
-        .write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0])
-        .await
+    stream.write_all(&[5, code, 0, 1, 0, 0, 0, 0, 0, 0]).await
 }
 
 /// One SOCKS5 CONNECT from rskafka: the broker's TCP and TLS, then bytes
@@ -358,22 +356,23 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
         Ok(IpAddr::V6(ip)) => format!("[{ip}]:{port}"),
         _ => format!("{host}:{port}"),
     };
-    let connected = tokio::time::timeout(shared.timeout, connect_tls(&host, port, &broker, &shared))
-        .await
-        .unwrap_or_else(|_| {
-            Err((
-                REPLY_HOST_UNREACHABLE,
-                SecurityError::Handshake {
-                    broker: broker.clone(),
-                    problem: format!(
-                        "no TLS handshake within KAFKA_REQUEST_TIMEOUT ({:?})",
-                        shared.timeout
-                    ),
-                    hint: "check KAFKA_BOOTSTRAP_SERVERS and that the listener speaks TLS"
-                        .to_owned(),
-                },
-            ))
-        });
+    let connected =
+        tokio::time::timeout(shared.timeout, connect_tls(&host, port, &broker, &shared))
+            .await
+            .unwrap_or_else(|_| {
+                Err((
+                    REPLY_HOST_UNREACHABLE,
+                    SecurityError::Handshake {
+                        broker: broker.clone(),
+                        problem: format!(
+                            "no TLS handshake within KAFKA_REQUEST_TIMEOUT ({:?})",
+                            shared.timeout
+                        ),
+                        hint: "check KAFKA_BOOTSTRAP_SERVERS and that the listener speaks TLS"
+                            .to_owned(),
+                    },
+                ))
+            });
     let mut tls = match connected {
         Ok(tls) => tls,
         Err((code, error)) => {
@@ -398,7 +397,8 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
 /// Reads the SOCKS5 greeting (no authentication) and CONNECT request;
 /// `None` for anything but CONNECT.
 async fn socks_request(stream: &mut TcpStream) -> std::io::Result<Option<(String, u16)>> {
-    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
+    let invalid =
+        |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
     let mut head = [0u8; 2];
     stream.read_exact(&mut head).await?;
     if head[0] != 5 {
