@@ -10,6 +10,7 @@ mod deadline_wake;
 mod expiry_cycle;
 mod faults;
 mod java_consumer;
+mod kafka_tls;
 mod outbox_parking;
 mod pg_tls;
 mod publisher;
