@@ -28,7 +28,7 @@ use super::{
     sink::{Delivery, Produced, Refusal, Sink, SinkError},
 };
 use crate::{
-    config::{Compression, KafkaSettings, SaslMechanism},
+    config::{Compression, KafkaSettings, SaslMechanism, SecurityProtocol},
     telemetry::ErrorChain,
 };
 
@@ -265,8 +265,16 @@ impl KafkaSink {
         if let Some(tls) = &self.settings.tls {
             let started = self
                 .tls_bridge
-                .get_or_try_init(|| TlsBridge::start(tls.clone(), self.settings.request_timeout))
+                .get_or_try_init(|| {
+                    TlsBridge::start(
+                        tls.clone(),
+                        self.settings.sasl.as_ref().map(|sasl| sasl.mechanism),
+                        self.settings.request_timeout,
+                    )
+                })
                 .await?;
+            // A failure of an earlier connect is not this one's.
+            started.take_failure();
             builder = builder.socks5_proxy(started.proxy());
             bridge = Some(started);
         }
@@ -288,7 +296,23 @@ impl KafkaSink {
                 Some(error) => error.into(),
                 None => KafkaError::Connect { servers, source },
             }),
-            Err(_) => Err(security(None).map_or_else(|| budget.timed_out("connect"), Into::into)),
+            Err(_) => Err(security(None).map_or_else(
+                || {
+                    // A TLS listener answers plaintext with a TLS alert,
+                    // which rskafka reads as the length of a huge response.
+                    let operation = match self.settings.security_protocol() {
+                        SecurityProtocol::Plaintext => {
+                            "connect (KAFKA_SECURITY_PROTOCOL=PLAINTEXT: a TLS listener?)"
+                        }
+                        SecurityProtocol::SaslPlaintext => {
+                            "connect (KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT: a TLS listener?)"
+                        }
+                        _ => "connect",
+                    };
+                    budget.timed_out(operation)
+                },
+                Into::into,
+            )),
         }
     }
 
