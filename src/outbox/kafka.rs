@@ -24,11 +24,11 @@ use tokio::sync::Mutex;
 
 pub use super::sink::OutgoingRecord;
 use super::{
-    kafka_tls::{SecurityError, TlsBridge, explain_connect},
+    kafka_tls::{SecurityError, TlsBridge, connect_operation, security_failure},
     sink::{Delivery, Produced, Refusal, Sink, SinkError},
 };
 use crate::{
-    config::{Compression, KafkaSettings, SaslMechanism, SecurityProtocol},
+    config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::ErrorChain,
 };
 
@@ -261,58 +261,30 @@ impl KafkaSink {
                 SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(credentials),
             });
         }
-        let mut bridge = None;
-        if let Some(tls) = &self.settings.tls {
-            let started = self
-                .tls_bridge
-                .get_or_try_init(|| {
-                    TlsBridge::start(
-                        tls.clone(),
-                        self.settings.sasl.as_ref().map(|sasl| sasl.mechanism),
-                        self.settings.request_timeout,
-                    )
-                })
-                .await?;
-            // A failure of an earlier connect is not this one's.
-            started.take_failure();
-            builder = builder.socks5_proxy(started.proxy());
-            bridge = Some(started);
-        }
+        let bridge = match &self.settings.tls {
+            None => None,
+            Some(tls) => {
+                let bridge = self
+                    .tls_bridge
+                    .get_or_try_init(|| TlsBridge::start(tls, &self.settings))
+                    .await?;
+                builder = builder.socks5_proxy(bridge.proxy_for_new_connect());
+                Some(bridge)
+            }
+        };
         let servers = self.settings.bootstrap_servers.join(",");
         // A TLS or SASL refusal is reported as such, naming its setting.
-        let security = |source: Option<&ClientError>| {
-            bridge.and_then(TlsBridge::take_failure).or_else(|| {
-                explain_connect(
-                    self.settings.security_protocol(),
-                    self.settings.sasl.as_ref().map(|sasl| sasl.mechanism),
-                    &servers,
-                    source?,
-                )
-            })
-        };
+        let security = |source| security_failure(&self.settings, bridge, source);
         match tokio::time::timeout_at(budget.deadline, builder.build()).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(source)) => Err(match security(Some(&source)) {
                 Some(error) => error.into(),
                 None => KafkaError::Connect { servers, source },
             }),
-            Err(_) => Err(security(None).map_or_else(
-                || {
-                    // A TLS listener answers plaintext with a TLS alert,
-                    // which rskafka reads as the length of a huge response.
-                    let operation = match self.settings.security_protocol() {
-                        SecurityProtocol::Plaintext => {
-                            "connect (KAFKA_SECURITY_PROTOCOL=PLAINTEXT: a TLS listener?)"
-                        }
-                        SecurityProtocol::SaslPlaintext => {
-                            "connect (KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT: a TLS listener?)"
-                        }
-                        _ => "connect",
-                    };
-                    budget.timed_out(operation)
-                },
-                Into::into,
-            )),
+            Err(_) => Err(match security(None) {
+                Some(error) => error.into(),
+                None => budget.timed_out(connect_operation(&self.settings)),
+            }),
         }
     }
 

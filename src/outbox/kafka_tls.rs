@@ -51,7 +51,7 @@ use tokio::{
 use tokio_rustls::TlsConnector;
 
 use crate::{
-    config::{KafkaTls, SaslMechanism, SecurityProtocol},
+    config::{KafkaSettings, KafkaTls, SaslMechanism, SecurityProtocol},
     tls::{TlsFileError, key_problem, load_certs, load_key, provider},
 };
 
@@ -144,11 +144,43 @@ pub fn client_config(tls: &KafkaTls) -> Result<ClientConfig, TlsFileError> {
     }
 }
 
+/// Why a connect failed, if for a security reason: what the bridge saw
+/// (a refused handshake or login), else what rskafka's error says.
+pub fn security_failure(
+    settings: &KafkaSettings,
+    bridge: Option<&TlsBridge>,
+    error: Option<&rskafka::client::error::Error>,
+) -> Option<SecurityError> {
+    bridge.and_then(TlsBridge::take_failure).or_else(|| {
+        explain_connect(
+            settings.security_protocol(),
+            settings.sasl.as_ref().map(|sasl| sasl.mechanism),
+            &settings.bootstrap_servers.join(","),
+            error?,
+        )
+    })
+}
+
+/// The name of a connect that timed out. A TLS listener answers plaintext
+/// with a TLS alert, which rskafka reads as the length of a huge response
+/// and waits for: under a plaintext protocol the name says so.
+pub fn connect_operation(settings: &KafkaSettings) -> &'static str {
+    match settings.security_protocol() {
+        SecurityProtocol::Plaintext => {
+            "connect (KAFKA_SECURITY_PROTOCOL=PLAINTEXT: a TLS listener?)"
+        }
+        SecurityProtocol::SaslPlaintext => {
+            "connect (KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT: a TLS listener?)"
+        }
+        SecurityProtocol::Ssl | SecurityProtocol::SaslSsl => "connect",
+    }
+}
+
 /// The security reason of a failed rskafka connection that did not go
 /// through the bridge's handshake: refused SASL credentials, or a TLS
 /// listener reached in plaintext. rskafka 0.6 does not export its
 /// connection error type, so this reads the error's text.
-pub fn explain_connect(
+fn explain_connect(
     protocol: SecurityProtocol,
     mechanism: Option<SaslMechanism>,
     servers: &str,
@@ -224,8 +256,18 @@ impl Drop for TlsBridge {
 }
 
 impl TlsBridge {
-    /// Listens on an ephemeral port of 127.0.0.1 (within a tokio runtime).
-    pub async fn start(
+    /// Listens on an ephemeral port of 127.0.0.1 (within a tokio runtime),
+    /// for the TLS files `tls` of `settings`.
+    pub async fn start(tls: &KafkaTls, settings: &KafkaSettings) -> Result<Self, SecurityError> {
+        Self::listen(
+            tls.clone(),
+            settings.sasl.as_ref().map(|sasl| sasl.mechanism),
+            settings.request_timeout,
+        )
+        .await
+    }
+
+    async fn listen(
         tls: KafkaTls,
         sasl: Option<SaslMechanism>,
         timeout: Duration,
@@ -250,6 +292,13 @@ impl TlsBridge {
     /// The proxy address for rskafka's `socks5_proxy`.
     pub fn proxy(&self) -> String {
         self.shared.address.to_string()
+    }
+
+    /// [`Self::proxy`] for a new rskafka client, forgetting the failure of
+    /// an earlier connect (it is not this one's).
+    pub fn proxy_for_new_connect(&self) -> String {
+        self.take_failure();
+        self.proxy()
     }
 
     /// Why the latest broker connection failed, if one did since the last
@@ -822,7 +871,7 @@ mod tests {
             ca: None,
             client: None,
         };
-        let bridge = TlsBridge::start(tls, None, Duration::from_secs(2))
+        let bridge = TlsBridge::listen(tls, None, Duration::from_secs(2))
             .await
             .unwrap();
         let port = bridge.shared.address.port();
