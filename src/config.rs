@@ -22,11 +22,13 @@ pub mod defaults;
 pub mod parse;
 pub mod pg_tls;
 
-use std::{fmt, net::SocketAddr, time::Duration};
+use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Args;
 
-pub use cli::{Cli, Command, DatabaseArgs, KafkaArgs, OutboxCommand, RepublishArgs, RunArgs};
+pub use cli::{
+    Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, OutboxCommand, RepublishArgs, RunArgs,
+};
 use defaults::{AsText as _, text};
 use parse::setting;
 
@@ -165,6 +167,7 @@ fn check_kafka_fits_idle_transaction(
 /// Builds the Kafka group: the servers are required for the publisher,
 /// and a SASL mechanism needs its username and password.
 fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
+    let protocol = security_protocol(&args)?;
     let bootstrap_servers = args
         .kafka_bootstrap_servers
         .ok_or_else(|| {
@@ -192,6 +195,7 @@ fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
             })?,
         }),
     };
+    let tls = kafka_tls(&args.tls, protocol)?;
     Ok(KafkaSettings {
         bootstrap_servers,
         client_id: args.kafka_client_id,
@@ -201,7 +205,107 @@ fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
         replication_factor: args.kafka_replication_factor,
         compression: args.kafka_compression,
         sasl,
+        tls,
     })
+}
+
+/// `KAFKA_SECURITY_PROTOCOL`, checked against `KAFKA_SASL_MECHANISM`.
+///
+/// Unset, it is `SASL_PLAINTEXT` when a SASL mechanism is given (as
+/// before the setting existed) and [`defaults::KAFKA_SECURITY_PROTOCOL`]
+/// otherwise. Set, it must agree with the mechanism: librdkafka silently
+/// ignores a mechanism under `PLAINTEXT` or `SSL`, which hides a
+/// misconfiguration, so here that is an error.
+fn security_protocol(args: &KafkaArgs) -> Result<SecurityProtocol, ConfigError> {
+    let mechanism = args.kafka_sasl_mechanism;
+    let Some(protocol) = args.kafka_security_protocol else {
+        return Ok(if mechanism.is_some() {
+            SecurityProtocol::SaslPlaintext
+        } else {
+            defaults::KAFKA_SECURITY_PROTOCOL
+        });
+    };
+    match (protocol.sasl(), mechanism) {
+        (true, None) => Err(ConfigError::new(
+            "KAFKA_SASL_MECHANISM",
+            format!("is required with KAFKA_SECURITY_PROTOCOL={protocol}"),
+        )),
+        (false, Some(_)) => Err(ConfigError::new(
+            "KAFKA_SASL_MECHANISM",
+            format!(
+                "is set, but KAFKA_SECURITY_PROTOCOL={protocol} uses no SASL \
+                 (use SASL_SSL or SASL_PLAINTEXT, or unset KAFKA_SASL_MECHANISM)"
+            ),
+        )),
+        _ => Ok(protocol),
+    }
+}
+
+/// The TLS settings of `SSL` and `SASL_SSL`; the files are read once now,
+/// so an unreadable or malformed one is an error at start (they are read
+/// again for every connection).
+fn kafka_tls(
+    args: &KafkaTlsArgs,
+    protocol: SecurityProtocol,
+) -> Result<Option<KafkaTls>, ConfigError> {
+    if !protocol.tls() {
+        let given = [
+            ("KAFKA_SSL_CA_LOCATION", &args.kafka_ssl_ca_location),
+            (
+                "KAFKA_SSL_CERTIFICATE_LOCATION",
+                &args.kafka_ssl_certificate_location,
+            ),
+            ("KAFKA_SSL_KEY_LOCATION", &args.kafka_ssl_key_location),
+        ];
+        if let Some((setting, _)) = given.iter().find(|(_, value)| value.is_some()) {
+            return Err(ConfigError::new(
+                *setting,
+                format!(
+                    "is set, but KAFKA_SECURITY_PROTOCOL={protocol} uses no TLS \
+                     (use SSL or SASL_SSL)"
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    if !crate::tls::cpu_supported() {
+        return Err(ConfigError::new(
+            "KAFKA_SECURITY_PROTOCOL",
+            format!(
+                "{protocol} needs TLS, and this CPU cannot run the TLS library \
+                 (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)"
+            ),
+        ));
+    }
+    let client = match (
+        &args.kafka_ssl_certificate_location,
+        &args.kafka_ssl_key_location,
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(KafkaClientCert {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "KAFKA_SSL_KEY_LOCATION",
+                "is required with KAFKA_SSL_CERTIFICATE_LOCATION",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "KAFKA_SSL_CERTIFICATE_LOCATION",
+                "is required with KAFKA_SSL_KEY_LOCATION",
+            ));
+        }
+    };
+    let tls = KafkaTls {
+        ca: args.kafka_ssl_ca_location.clone(),
+        client,
+    };
+    crate::outbox::kafka_tls::client_config(&tls)
+        .map_err(|e| ConfigError::new(e.setting, format!("{}: {}", e.path.display(), e.problem)))?;
+    Ok(Some(tls))
 }
 
 /// A PostgreSQL URL that never prints its password, with libpq's TLS
@@ -648,7 +752,72 @@ pub struct KafkaSettings {
     pub topic_partitions: i32,
     pub replication_factor: i16,
     pub compression: Compression,
+    /// `Some` for `SASL_PLAINTEXT` and `SASL_SSL`.
     pub sasl: Option<SaslSettings>,
+    /// `Some` for `SSL` and `SASL_SSL`.
+    pub tls: Option<KafkaTls>,
+}
+
+impl KafkaSettings {
+    /// The `KAFKA_SECURITY_PROTOCOL` these settings amount to.
+    pub fn security_protocol(&self) -> SecurityProtocol {
+        match (self.tls.is_some(), self.sasl.is_some()) {
+            (false, false) => SecurityProtocol::Plaintext,
+            (true, false) => SecurityProtocol::Ssl,
+            (false, true) => SecurityProtocol::SaslPlaintext,
+            (true, true) => SecurityProtocol::SaslSsl,
+        }
+    }
+}
+
+/// Kafka's `security.protocol`, with its names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn tls(self) -> bool {
+        matches!(self, Self::Ssl | Self::SaslSsl)
+    }
+
+    pub fn sasl(self) -> bool {
+        matches!(self, Self::SaslPlaintext | Self::SaslSsl)
+    }
+}
+
+impl fmt::Display for SecurityProtocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Plaintext => "PLAINTEXT",
+            Self::Ssl => "SSL",
+            Self::SaslPlaintext => "SASL_PLAINTEXT",
+            Self::SaslSsl => "SASL_SSL",
+        })
+    }
+}
+
+/// TLS to the brokers. Host names are always verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaTls {
+    /// `KAFKA_SSL_CA_LOCATION`: a PEM bundle of trusted CAs; `None` means
+    /// the bundled webpki roots (Mozilla's list).
+    pub ca: Option<PathBuf>,
+    /// `KAFKA_SSL_CERTIFICATE_LOCATION` and `KAFKA_SSL_KEY_LOCATION`.
+    pub client: Option<KafkaClientCert>,
+}
+
+/// A client certificate for mutual TLS: PEM files, read again for every
+/// new connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaClientCert {
+    /// The certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Its unencrypted private key (PKCS#8, RSA or SEC1).
+    pub key: PathBuf,
 }
 
 /// A validated `seed` request.
@@ -797,6 +966,7 @@ mod tests {
             replication_factor: defaults::KAFKA_REPLICATION_FACTOR,
             compression: defaults::KAFKA_COMPRESSION,
             sasl: None,
+            tls: None,
         }
     }
 

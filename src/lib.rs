@@ -13,13 +13,17 @@
 //! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule and the
 //!   scheduler that repeats cycles at each tick and deadline.
 //! - [`outbox`]: the publisher (claim, produce, mark) behind the `Sink` seam
-//!   (rskafka, or in memory for tests), and its upkeep tasks.
+//!   (rskafka, or in memory for tests), its upkeep tasks, and the
+//!   in-process TLS bridge that carries rskafka's connections for `SSL` and
+//!   `SASL_SSL` (docs/security.md).
+//! - [`tls`]: what TLS to PostgreSQL and to Kafka share: the pure-Rust
+//!   crypto provider, the bundled roots, PEM files.
 //! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.
 //! - [`config`]: typed, validated settings; [`clock`]: the time seam.
 //! - [`app`]: wiring of the commands used by the binary.
 //!
 //! Dependencies point inwards: `app` → `expiry`/`outbox` → `db`/`events` →
-//! `domain`; `config`, `clock` and `telemetry` are leaves.
+//! `domain`; `config`, `clock`, `tls` and `telemetry` are leaves.
 
 // The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
 // and every public type debuggable. clippy.toml keeps the wall clock behind
@@ -36,3 +40,4 @@ pub mod events;
 pub mod expiry;
 pub mod outbox;
 pub mod telemetry;
+pub mod tls;

@@ -35,7 +35,7 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use figures::{deadline_wake, end_to_end, expiry, idle, profile, publisher};
+use figures::{deadline_wake, end_to_end, expiry, idle, kafka_tls, profile, publisher};
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
 use templates::{Backlog, Templates};
@@ -209,6 +209,10 @@ async fn run() -> Result<()> {
         true => Some(deadline_wake::statements(&svc, quick).await?),
         false => None,
     };
+    let kafka_tls = match wants("kafka_tls") {
+        true => Some(kafka_tls::measure(&svc, quick).await?),
+        false => None,
+    };
     let profile = match wants("profile") {
         true => {
             let ten_k = templates()?.backlog(Backlog::TenK);
@@ -253,6 +257,7 @@ async fn run() -> Result<()> {
         lateness,
         deadline_to_kafka,
         statements,
+        kafka_tls,
         profile_pg_stat_statements: profile,
     };
     let json_path = out_dir.join("results.json");

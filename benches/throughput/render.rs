@@ -177,6 +177,9 @@ pub fn figures_table(r: &Results) -> String {
     if let Some(s) = &r.statements {
         statements_rows(s, &mut rows);
     }
+    if let Some(k) = &r.kafka_tls {
+        kafka_tls_rows(k, &mut rows);
+    }
 
     let mut out = String::new();
     out.push_str("| figure | project (min / median / max) | baseline (min / median / max) | ratio (median) | goal | met | load 1/5/15 |\n");
@@ -195,6 +198,34 @@ pub fn figures_table(r: &Results) -> String {
         );
     }
     out
+}
+
+fn kafka_tls_rows(k: &crate::figures::kafka_tls::KafkaTlsFigure, rows: &mut Vec<Row>) {
+    rows.push(Row {
+        figure: format!(
+            "Kafka produce over SASL_SSL (SCRAM-SHA-512, in-process TLS bridge) vs PLAINTEXT, KafkaSink, {} records in batches of {}",
+            k.records, k.batch
+        ),
+        project: rates(&k.sasl_ssl_records_per_s, "records/s"),
+        baseline: rates(&k.plaintext_records_per_s, "records/s"),
+        ratio: format!("{:.2}x", k.ratio),
+        goal: "-".into(),
+        met: "-".into(),
+        load: k.loadavg_at_start,
+    });
+    for (label, stat) in [("SSL", &k.setup_ssl_ms), ("SASL_SSL", &k.setup_sasl_ssl_ms)] {
+        rows.push(Row {
+            figure: format!(
+                "  connection set-up over {label} vs PLAINTEXT (fresh sink: bootstrap, metadata, leader)"
+            ),
+            project: fixed(stat, 1, "ms"),
+            baseline: fixed(&k.setup_plaintext_ms, 1, "ms"),
+            ratio: format!("{:.2}x", stat.median / k.setup_plaintext_ms.median),
+            goal: "-".into(),
+            met: "-".into(),
+            load: k.loadavg_at_start,
+        });
+    }
 }
 
 fn publisher_rows(p: &PublisherFigure, rows: &mut Vec<Row>) {

@@ -14,12 +14,13 @@ use crate::figures::{
     end_to_end::{Binary, EndToEnd},
     expiry::Comparison,
     idle::IdleCycle,
+    kafka_tls::KafkaTlsFigure,
     profile::ProfileRun,
     publisher::PublisherFigure,
 };
 
 /// The figures `BENCH_ONLY` names, in the order a full run measures them.
-pub const FIGURES: [&str; 9] = [
+pub const FIGURES: [&str; 10] = [
     "expiry",
     "idle",
     "publisher",
@@ -29,6 +30,7 @@ pub const FIGURES: [&str; 9] = [
     "deadline_to_kafka",
     "statements",
     "profile",
+    "kafka_tls",
 ];
 
 /// One run of the bench (the shape of `results.json`). A figure this run
@@ -71,6 +73,9 @@ pub struct Results {
     /// Figure 9: statements per minute, 1 and 4 instances, both modes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub statements: Option<Statements>,
+    /// Figure 10: Kafka over SASL_SSL against PLAINTEXT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_tls: Option<KafkaTlsFigure>,
     /// The profile pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_pg_stat_statements: Option<Vec<ProfileRun>>,
@@ -118,6 +123,7 @@ impl Results {
             "deadline_to_kafka" => self.deadline_to_kafka.is_some(),
             "statements" => self.statements.is_some(),
             "profile" => self.profile_pg_stat_statements.is_some(),
+            "kafka_tls" => self.kafka_tls.is_some(),
             _ => false,
         };
         FIGURES.into_iter().filter(|f| has(f)).collect()
@@ -146,6 +152,7 @@ impl Results {
         self.lateness = self.lateness.or(previous.lateness);
         self.deadline_to_kafka = self.deadline_to_kafka.or(previous.deadline_to_kafka);
         self.statements = self.statements.or(previous.statements);
+        self.kafka_tls = self.kafka_tls.or(previous.kafka_tls);
         self.profile_pg_stat_statements = self
             .profile_pg_stat_statements
             .or(previous.profile_pg_stat_statements);

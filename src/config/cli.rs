@@ -2,13 +2,14 @@
 //! uses, and the two groups that need a step after parsing (a required
 //! URL, SASL credentials that go together).
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, Pooler, PublisherSettings, SaslMechanism, SeedSettings, ShutdownSettings,
+    HttpSettings, Pooler, PublisherSettings, SaslMechanism, SecurityProtocol, SeedSettings,
+    ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
 };
@@ -270,6 +271,40 @@ pub struct KafkaArgs {
         hide_env_values = true
     )]
     pub kafka_sasl_password: Option<String>,
+    /// PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (any case); unset =
+    /// SASL_PLAINTEXT with a SASL mechanism, PLAINTEXT without.
+    #[arg(id = "KAFKA_SECURITY_PROTOCOL", long = "kafka-security-protocol", env = "KAFKA_SECURITY_PROTOCOL",
+          default_value = "", hide_default_value = true, value_parser = setting(parse::security_protocol))]
+    pub kafka_security_protocol: std::option::Option<SecurityProtocol>,
+    #[command(flatten)]
+    pub tls: KafkaTlsArgs,
+}
+
+/// The TLS files of `KAFKA_SECURITY_PROTOCOL=SSL` or `SASL_SSL` (PEM),
+/// read again for every new connection.
+#[derive(Debug, Clone, Args)]
+pub struct KafkaTlsArgs {
+    /// PEM bundle of the CAs trusted for the brokers; unset = the bundled webpki (Mozilla) roots.
+    #[arg(
+        id = "KAFKA_SSL_CA_LOCATION",
+        long = "kafka-ssl-ca-location",
+        env = "KAFKA_SSL_CA_LOCATION"
+    )]
+    pub kafka_ssl_ca_location: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS; needs KAFKA_SSL_KEY_LOCATION.
+    #[arg(
+        id = "KAFKA_SSL_CERTIFICATE_LOCATION",
+        long = "kafka-ssl-certificate-location",
+        env = "KAFKA_SSL_CERTIFICATE_LOCATION"
+    )]
+    pub kafka_ssl_certificate_location: Option<PathBuf>,
+    /// PEM unencrypted private key of KAFKA_SSL_CERTIFICATE_LOCATION.
+    #[arg(
+        id = "KAFKA_SSL_KEY_LOCATION",
+        long = "kafka-ssl-key-location",
+        env = "KAFKA_SSL_KEY_LOCATION"
+    )]
+    pub kafka_ssl_key_location: Option<PathBuf>,
 }
 
 #[cfg(test)]
@@ -416,6 +451,10 @@ mod tests {
             "KAFKA_SASL_MECHANISM",
             "KAFKA_SASL_USERNAME",
             "KAFKA_SASL_PASSWORD",
+            "KAFKA_SECURITY_PROTOCOL",
+            "KAFKA_SSL_CA_LOCATION",
+            "KAFKA_SSL_CERTIFICATE_LOCATION",
+            "KAFKA_SSL_KEY_LOCATION",
             "OUTBOX_BATCH_SIZE",
             "OUTBOX_POLL_INTERVAL",
             "OUTBOX_RETENTION",
@@ -549,5 +588,60 @@ mod tests {
             with(&["--kafka-request-timeout", "31s", "--no-publisher"]).is_ok(),
             "no Kafka, no rule"
         );
+    }
+
+    #[test]
+    fn kafka_security_protocol_agrees_with_sasl_and_tls_settings() {
+        use crate::config::SecurityProtocol::*;
+        let with = |extra: &[&str]| run(&[&REQUIRED[..], extra].concat());
+        let protocol = |extra: &[&str]| with(extra).map(|s| s.kafka.unwrap().security_protocol());
+        let sasl = [
+            "--kafka-sasl-mechanism",
+            "SCRAM-SHA-512",
+            "--kafka-sasl-username",
+            "u",
+            "--kafka-sasl-password",
+            "hunter2",
+        ];
+        assert_eq!(protocol(&[]), Ok(Plaintext));
+        assert_eq!(protocol(&sasl), Ok(SaslPlaintext), "as before the setting");
+        assert_eq!(
+            protocol(&[&sasl[..], &["--kafka-security-protocol", "sasl_ssl"]].concat()),
+            Ok(SaslSsl)
+        );
+        assert_eq!(
+            protocol(&["--kafka-security-protocol", "Ssl"]),
+            Ok(Ssl),
+            "any case, as librdkafka"
+        );
+        let error = with(&[&sasl[..], &["--kafka-security-protocol", "SSL"]].concat()).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SASL_MECHANISM");
+        assert!(error.problem.contains("SSL uses no SASL"), "{error}");
+        let error = with(&["--kafka-security-protocol", "SASL_SSL"]).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SASL_MECHANISM");
+        let error = with(&["--kafka-ssl-ca-location", "/etc/ca.pem"]).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
+        assert!(error.problem.contains("PLAINTEXT uses no TLS"), "{error}");
+        let tls = ["--kafka-security-protocol", "SSL"];
+        let error = with(&[&tls[..], &["--kafka-ssl-certificate-location", "/c.pem"]].concat())
+            .unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_KEY_LOCATION");
+        let error =
+            with(&[&tls[..], &["--kafka-ssl-key-location", "/k.pem"]].concat()).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_CERTIFICATE_LOCATION");
+        if crate::tls::cpu_supported() {
+            let settings = with(&tls).unwrap().kafka.unwrap();
+            assert_eq!(settings.tls.unwrap().ca, None, "the bundled roots");
+            let error = with(
+                &[
+                    &tls[..],
+                    &["--kafka-ssl-ca-location", "/nonexistent/ca.pem"],
+                ]
+                .concat(),
+            )
+            .unwrap_err();
+            assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
+            assert!(error.problem.contains("cannot read"), "{error}");
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use super::{Compression, Pooler};
+use super::{Compression, Pooler, SecurityProtocol};
 
 const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
@@ -41,6 +41,8 @@ pub const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const KAFKA_TOPIC_PARTITIONS: i32 = 3;
 pub const KAFKA_REPLICATION_FACTOR: i16 = 1;
 pub const KAFKA_COMPRESSION: Compression = Compression::None;
+/// Without a SASL mechanism; with one, an unset protocol is SASL_PLAINTEXT.
+pub const KAFKA_SECURITY_PROTOCOL: SecurityProtocol = SecurityProtocol::Plaintext;
 
 pub const METRICS_ADDR: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 1), 9464));
@@ -113,7 +115,8 @@ as_text_by_display!(
     bool,
     SocketAddr,
     Compression,
-    Pooler
+    Pooler,
+    SecurityProtocol
 );
 
 /// The `&'static str` clap takes as a default, made once from a typed
@@ -217,6 +220,10 @@ mod tests {
             reparsed(&KAFKA_COMPRESSION, parse::compression),
             KAFKA_COMPRESSION
         );
+        assert_eq!(
+            reparsed(&KAFKA_SECURITY_PROTOCOL, parse::security_protocol),
+            Some(KAFKA_SECURITY_PROTOCOL)
+        );
         assert_eq!(reparsed(&METRICS_ADDR, parse::socket_addr), METRICS_ADDR);
         assert_eq!(reparsed(&DATABASE_POOLER, parse::pooler), DATABASE_POOLER);
         assert_eq!(reparsed(&SEED_ACTIVE, parse::whole_number), SEED_ACTIVE);
@@ -242,6 +249,7 @@ mod tests {
             (METRICS_ADDR.as_text(), "127.0.0.1:9464"),
             (KAFKA_COMPRESSION.as_text(), "none"),
             (DATABASE_POOLER.as_text(), "none"),
+            (KAFKA_SECURITY_PROTOCOL.as_text(), "PLAINTEXT"),
             (SEED_DUE_FRACTION.as_text(), "0.2"),
         ];
         for (text, documented) in texts {

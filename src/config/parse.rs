@@ -6,7 +6,7 @@ use std::{ffi::OsStr, fmt, net::SocketAddr, time::Duration};
 
 use clap::{Arg, builder::TypedValueParser};
 
-use super::{Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism};
+use super::{Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism, SecurityProtocol};
 
 /// What is wrong with a value, without the setting's name.
 pub type Problem = String;
@@ -240,6 +240,24 @@ pub fn sasl_mechanism(raw: &str) -> Result<Option<SaslMechanism>, Problem> {
     }))
 }
 
+/// Kafka's `security.protocol` names, in any case (as librdkafka takes
+/// them); empty means unset.
+pub fn security_protocol(raw: &str) -> Result<Option<SecurityProtocol>, Problem> {
+    let protocol = raw.trim();
+    Ok(Some(match protocol.to_ascii_uppercase().as_str() {
+        "" => return Ok(None),
+        "PLAINTEXT" => SecurityProtocol::Plaintext,
+        "SSL" => SecurityProtocol::Ssl,
+        "SASL_PLAINTEXT" => SecurityProtocol::SaslPlaintext,
+        "SASL_SSL" => SecurityProtocol::SaslSsl,
+        _ => {
+            return Err(format!(
+                "{protocol:?} is not PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+            ));
+        }
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +318,11 @@ mod tests {
             Ok(Some(SaslMechanism::ScramSha512))
         );
         assert!(sasl_mechanism("KERBEROS").is_err());
+        assert_eq!(
+            security_protocol("sasl_ssl"),
+            Ok(Some(SecurityProtocol::SaslSsl))
+        );
+        assert_eq!(security_protocol(""), Ok(None));
+        assert!(security_protocol("TLS").is_err());
     }
 }

@@ -9,8 +9,8 @@
 
 use std::{
     error::Error as _,
-    path::{Path, PathBuf},
-    sync::{Arc, Once, OnceLock},
+    path::Path,
+    sync::{Arc, Once},
 };
 
 use diesel::ConnectionError;
@@ -24,7 +24,7 @@ use rustls::{
         verify_server_cert_signed_by_trust_anchor,
     },
     crypto::CryptoProvider,
-    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
+    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     server::ParsedCertificate,
 };
 use tokio_postgres::config::SslMode as WireSslMode;
@@ -35,36 +35,11 @@ use crate::config::{
     pg_tls::{PgTls, RootCerts, SslMode, Verify},
 };
 
-/// A certificate or key file that cannot be used. Its text names the
-/// setting and the path, never the file's content.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{setting} {}: {problem}", path.display())]
-pub struct TlsFileError {
-    pub setting: &'static str,
-    pub path: PathBuf,
-    pub problem: String,
-}
+pub use crate::tls::{TlsFileError, cpu_supported};
+use crate::tls::{key_problem, load_certs, provider};
 
-impl TlsFileError {
-    fn new(setting: &'static str, path: &Path, problem: impl Into<String>) -> Self {
-        Self {
-            setting,
-            path: path.to_owned(),
-            problem: problem.into(),
-        }
-    }
-}
-
-/// Whether graviola (the crypto under rustls here) runs on this CPU:
-/// x86_64 with AVX2, ADX and BMI2 (about 2013 on), or aarch64. On another
-/// CPU it would panic at the first handshake.
-pub fn cpu_supported() -> bool {
-    graviola::util::is_cpu_supported()
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    Arc::clone(PROVIDER.get_or_init(|| Arc::new(rustls_graviola::default_provider())))
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
+    crate::tls::load_key("sslkey", path)
 }
 
 /// Checks at start what [`client_config`] will read for every connection:
@@ -126,15 +101,6 @@ pub fn client_config(tls: &PgTls) -> Result<ClientConfig, TlsFileError> {
     }
 }
 
-/// A rustls error about a key, without anything of the key.
-fn key_problem(error: &rustls::Error) -> String {
-    match error {
-        rustls::Error::InconsistentKeys(_) => "the key does not belong to the certificate".into(),
-        rustls::Error::General(text) => text.clone(),
-        other => other.to_string(),
-    }
-}
-
 fn root_error(tls: &PgTls, problem: String) -> TlsFileError {
     match &tls.root {
         RootCerts::File(path) => TlsFileError::new("sslrootcert", path, problem),
@@ -145,76 +111,10 @@ fn root_error(tls: &PgTls, problem: String) -> TlsFileError {
 /// The trusted roots: the `sslrootcert` file, else the bundled webpki roots
 /// (Mozilla's CA list; a `FROM scratch` image has no system store).
 fn root_store(tls: &PgTls) -> Result<Arc<RootCertStore>, TlsFileError> {
-    let store = match &tls.root {
-        RootCerts::File(path) => {
-            let mut store = RootCertStore::empty();
-            for (index, cert) in load_certs("sslrootcert", path)?.into_iter().enumerate() {
-                store.add(cert).map_err(|e| {
-                    TlsFileError::new(
-                        "sslrootcert",
-                        path,
-                        format!(
-                            "certificate {} is not a usable CA certificate ({e})",
-                            index + 1
-                        ),
-                    )
-                })?;
-            }
-            store
-        }
-        RootCerts::Unset | RootCerts::System => RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        },
-    };
-    Ok(Arc::new(store))
-}
-
-fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
-    std::fs::read(path).map_err(|e| TlsFileError::new(setting, path, format!("cannot read ({e})")))
-}
-
-/// A PEM error as text that never quotes the file (rustls-pki-types quotes
-/// a malformed line, which may be a line of a key).
-fn pem_problem(error: &rustls::pki_types::pem::Error, nothing: &str) -> String {
-    use rustls::pki_types::pem::Error as E;
-    match error {
-        E::NoItemsFound => nothing.to_owned(),
-        E::MissingSectionEnd { .. } => "malformed PEM (a section has no END line)".to_owned(),
-        E::IllegalSectionStart { .. } => "malformed PEM (a malformed BEGIN line)".to_owned(),
-        E::Base64Decode(_) => "malformed PEM (not base64 inside a section)".to_owned(),
-        E::Io(e) => format!("cannot read ({e})"),
-        _ => "malformed PEM".to_owned(),
-    }
-}
-
-const NO_CERTIFICATE: &str = "no certificate in the file";
-
-fn load_certs(
-    setting: &'static str,
-    path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
-    let pem = read(setting, path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsFileError::new(setting, path, pem_problem(&e, NO_CERTIFICATE)))?;
-    if certs.is_empty() {
-        return Err(TlsFileError::new(setting, path, NO_CERTIFICATE));
-    }
-    Ok(certs)
-}
-
-fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
-    let pem = read("sslkey", path)?;
-    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
-        TlsFileError::new(
-            "sslkey",
-            path,
-            pem_problem(
-                &e,
-                "no unencrypted private key (PKCS#8, RSA or EC) in the file",
-            ),
-        )
-    })
+    Ok(Arc::new(match &tls.root {
+        RootCerts::File(path) => crate::tls::root_store_from("sslrootcert", path)?,
+        RootCerts::Unset | RootCerts::System => crate::tls::bundled_roots(),
+    }))
 }
 
 /// `sslmode=require` (and `prefer`, `allow`) without `sslrootcert`: libpq

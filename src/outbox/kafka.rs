@@ -34,7 +34,10 @@ use rskafka::{
 use tokio::sync::Mutex;
 
 pub use super::sink::OutgoingRecord;
-use super::sink::{Delivery, Produced, Refusal, Sink, SinkError};
+use super::{
+    kafka_tls::{SecurityError, TlsBridge, connect_operation, security_failure},
+    sink::{Delivery, Produced, Refusal, Sink, SinkError},
+};
 use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::{ErrorChain, metrics::ReasonLabel},
@@ -95,6 +98,9 @@ pub enum KafkaError {
         sent: usize,
         acked: usize,
     },
+    /// TLS or SASL refused the connection (the text names the setting).
+    #[error(transparent)]
+    Security(#[from] SecurityError),
 }
 
 impl KafkaError {
@@ -114,6 +120,7 @@ impl KafkaError {
             KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
             KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
             KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
+            KafkaError::Security(_) => "CLIENT_SECURITY".into(),
         }
     }
 
@@ -233,6 +240,9 @@ pub struct KafkaSink {
     connection: Mutex<Option<Connection>>,
     /// Metadata lookups by reason (`connect`, `periodic`, `leader`).
     metadata_refreshes: Family<ReasonLabel, Counter>,
+    /// The in-process TLS bridge (`SSL`, `SASL_SSL`), started at the first
+    /// connect and shared with siblings.
+    tls_bridge: Arc<tokio::sync::OnceCell<TlsBridge>>,
 }
 
 impl std::fmt::Debug for KafkaSink {
@@ -249,6 +259,7 @@ impl KafkaSink {
             settings,
             connection: Mutex::new(None),
             metadata_refreshes: Family::default(),
+            tls_bridge: Arc::default(),
         }
     }
 
@@ -299,11 +310,30 @@ impl KafkaSink {
                 SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(credentials),
             });
         }
+        let bridge = match &self.settings.tls {
+            None => None,
+            Some(tls) => {
+                let bridge = self
+                    .tls_bridge
+                    .get_or_try_init(|| TlsBridge::start(tls, &self.settings))
+                    .await?;
+                builder = builder.socks5_proxy(bridge.proxy_for_new_connect());
+                Some(bridge)
+            }
+        };
         let servers = self.settings.bootstrap_servers.join(",");
+        // A TLS or SASL refusal is reported as such, naming its setting.
+        let security = |source| security_failure(&self.settings, bridge, source);
         match tokio::time::timeout_at(budget.deadline, builder.build()).await {
             Ok(Ok(client)) => Ok(client),
-            Ok(Err(source)) => Err(KafkaError::Connect { servers, source }),
-            Err(_) => Err(budget.timed_out("connect")),
+            Ok(Err(source)) => Err(match security(Some(&source)) {
+                Some(error) => error.into(),
+                None => KafkaError::Connect { servers, source },
+            }),
+            Err(_) => Err(match security(None) {
+                Some(error) => error.into(),
+                None => budget.timed_out(connect_operation(&self.settings)),
+            }),
         }
     }
 
@@ -759,7 +789,11 @@ impl Sink for KafkaSink {
 
     /// Same settings, its own connection (see [`Sink::sibling`]).
     fn sibling(&self) -> Self {
-        Self::new(self.settings.clone()).with_metadata_refreshes(self.metadata_refreshes.clone())
+        Self {
+            tls_bridge: Arc::clone(&self.tls_bridge),
+            ..Self::new(self.settings.clone())
+        }
+        .with_metadata_refreshes(self.metadata_refreshes.clone())
     }
 }
 

@@ -12,6 +12,7 @@ mod failover;
 mod faults;
 mod java_consumer;
 mod kafka_cluster;
+mod kafka_tls;
 mod live_migration;
 mod outbox_parking;
 mod pg_tls;

@@ -7,6 +7,7 @@ pub mod deadline_wake;
 pub mod end_to_end;
 pub mod expiry;
 pub mod idle;
+pub mod kafka_tls;
 pub mod profile;
 pub mod publisher;
 

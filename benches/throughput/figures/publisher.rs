@@ -170,6 +170,7 @@ fn kafka_settings(svc: &Services) -> KafkaSettings {
         replication_factor: 1,
         compression: Compression::None,
         sasl: None,
+        tls: None,
     }
 }
 

@@ -137,6 +137,7 @@ pub fn kafka_settings(bootstrap: Vec<String>) -> KafkaSettings {
         replication_factor: 1,
         compression: Compression::None,
         sasl: None,
+        tls: None,
     }
 }
 
