@@ -9,6 +9,7 @@ pub mod expiry;
 pub mod idle;
 pub mod profile;
 pub mod publisher;
+pub mod schema_cost;
 
 use anyhow::Result;
 use booking_expiration::db::{self, PgPool};
