@@ -204,15 +204,16 @@ pub fn figures_table(r: &Results) -> String {
 /// Figure 10: the worker against the raw statement on the lean schema,
 /// and the two raw baselines against each other.
 fn lean_rows(l: &LeanFigure, rows: &mut Vec<Row>) {
-    let row = |figure: String, project: String, baseline: String, ratio: f64, goal: Option<f64>| Row {
-        figure,
-        project,
-        baseline,
-        ratio: format!("{ratio:.2}x"),
-        goal: goal.map_or("-".into(), |g| format!(">= {g}x")),
-        met: goal.map_or("-".into(), |g| met(ratio >= g)),
-        load: l.loadavg_at_start,
-    };
+    let row =
+        |figure: String, project: String, baseline: String, ratio: f64, goal: Option<f64>| Row {
+            figure,
+            project,
+            baseline,
+            ratio: format!("{ratio:.2}x"),
+            goal: goal.map_or("-".into(), |g| format!(">= {g}x")),
+            met: goal.map_or("-".into(), |g| met(ratio >= g)),
+            load: l.loadavg_at_start,
+        };
     rows.push(row(
         format!("{}: worker vs raw SQL on a lean schema", l.label),
         rates(&l.worker_bookings_per_s, "bookings/s"),

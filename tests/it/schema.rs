@@ -500,7 +500,10 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
         .expect("the down migration runs")
         .to_string();
     // Diesel names a migration by its version, the folder name's digits.
-    assert_eq!(reverted, "20261204000001", "the lean_outbox migration is the last");
+    assert_eq!(
+        reverted, "20261204000001",
+        "the lean_outbox migration is the last"
+    );
     drop(harness);
     assert_eq!(
         db.count("SELECT count(*) AS n FROM booking_expiration_outbox")

@@ -346,7 +346,11 @@ pub async fn lean(svc: &Services, set: &DueSet<'_>, quick: bool) -> Result<LeanF
     let sides: [(&str, &str, Side); 3] = [
         ("worker", "", Side::Worker),
         ("raw own", "", Side::Raw),
-        ("raw lean", LEAN_SCHEMA, Side::RawWith(RawHeaders::JsonbFourKeys)),
+        (
+            "raw lean",
+            LEAN_SCHEMA,
+            Side::RawWith(RawHeaders::JsonbFourKeys),
+        ),
     ];
     let mut rates: [Vec<f64>; 3] = Default::default();
     let mut cpu: [Vec<f64>; 3] = Default::default();
