@@ -21,10 +21,10 @@ ALTER TABLE booking_expiration_audit DROP CONSTRAINT booking_expiration_audit_pk
 -- Dropped: UNIQUE (event_id), the largest single cost among the indexes
 -- (a random uuid index: -4% server CPU per expiry). One transition has
 -- one event id by construction: the id is a UUIDv5 of booking id and
--- version, and the row is written
--- only by the update that moves that very version on. A republish of an
--- event on purpose enqueues the same id again, which the constraint would
--- refuse while the original row is retained.
+-- version, and the row is written only by the update that moves that
+-- very version on. A republish of an event on purpose enqueues the same
+-- id again, which the constraint would refuse while the original row is
+-- retained.
 ALTER TABLE booking_expiration_outbox DROP CONSTRAINT booking_expiration_outbox_event_id_key;
 
 -- Changed: headers jsonb -> json. The headers were the costliest item
