@@ -35,7 +35,9 @@ use std::{
 };
 
 use anyhow::{Context, Result};
-use figures::{deadline_wake, end_to_end, expiry, idle, kafka_tls, profile, publisher};
+use figures::{
+    deadline_wake, end_to_end, expiry, idle, kafka_tls, profile, publisher, schema_cost,
+};
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
 use templates::{Backlog, Templates};
@@ -139,6 +141,8 @@ async fn run() -> Result<()> {
     create_topic(&svc, figures::TOPIC, 3).await?;
     let seeded = [
         "expiry",
+        "lean",
+        "schema_cost",
         "idle",
         "publisher",
         "end_to_end",
@@ -164,6 +168,23 @@ async fn run() -> Result<()> {
             expiry::measure(&svc, templates()?, &expiry::HEADLINE, quick).await?,
         );
     }
+
+    let lean = match wants("lean") {
+        true => {
+            let ten_k = templates()?.backlog(Backlog::TenK);
+            progress!("10. expiry against raw SQL on the own and on a lean schema");
+            Some(schema_cost::lean(&svc, &ten_k, quick).await?)
+        }
+        false => None,
+    };
+    let schema_cost = match wants("schema_cost") {
+        true => {
+            let ten_k = templates()?.backlog(Backlog::TenK);
+            progress!("11. schema cost: one change at a time, raw statement timed");
+            Some(schema_cost::schema_cost(&svc, &ten_k, quick).await?)
+        }
+        false => None,
+    };
 
     let mut idle_cycle = None;
     if wants("idle") {
@@ -250,6 +271,8 @@ async fn run() -> Result<()> {
             .map(|f| ((*f).to_owned(), stamp.clone()))
             .collect(),
         expiry: comparisons,
+        lean,
+        schema_cost,
         idle_cycle,
         publisher,
         end_to_end,

@@ -1,6 +1,6 @@
 //! The one place where the bench spells out, per phase, what the phase
 //! mapping (phase → active statuses → deadline column → target status)
-//! means in SQL: the raw-SQL baseline's batch statement, the worker's own
+//! means in SQL: the raw-SQL baseline's batch statement ([`raw_batch_sql`]), the worker's own
 //! statements whose plans the idle figure reads, and the partial index those
 //! plans must name. Everything else in the bench asks [`phase_sql`].
 
@@ -8,15 +8,6 @@ use booking_expiration::{db::bookings, domain::Phase};
 
 /// The SQL of one phase, as the bench runs and checks it.
 pub struct PhaseSql {
-    /// The raw-SQL limit of one expiry batch: lock, update, audit and outbox
-    /// in ONE statement, one transaction per batch. Same rows, same columns,
-    /// same audit and outbox rows as the worker; the payload is built in SQL
-    /// with the same fields (UUID strings, phase, timestamp), so its size is
-    /// close to the worker's protobuf (both sizes are recorded).
-    ///
-    /// Binds: `$1` as_of, `$2` batch size, `$3` run id, `$4` topic,
-    /// `$5` as_of as text, `$6` ce_source, `$7` created_at.
-    pub raw_batch: String,
     /// The worker's lock query (`$1` as_of, `$2` excluded ids, `$3` limit).
     pub lock_due: String,
     /// The worker's count of the rows still due (`$1` as_of, `$2` excluded ids).
@@ -25,15 +16,57 @@ pub struct PhaseSql {
     pub partial_index: &'static str,
 }
 
+/// The headers the raw statement writes into the outbox row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RawHeaders {
+    /// The worker's eight keys as `json`: the project's schema as migrated.
+    Json,
+    /// The eight keys as `jsonb`: the schema before the `lean_outbox`
+    /// migration.
+    Jsonb,
+    /// The four keys that differ per event (`ce_id`, `ce_time`,
+    /// `correlation_id`, `tenant_id`), as jsonb: the lean schema's.
+    JsonbFourKeys,
+}
+
 /// Everything the bench writes per phase.
 pub fn phase_sql(phase: Phase) -> PhaseSql {
+    PhaseSql {
+        lock_due: bookings::lock_due_sql(phase).to_owned(),
+        count_due_excluding: bookings::count_due_excluding_sql(phase).to_owned(),
+        partial_index: bookings::partial_index(phase),
+    }
+}
+
+/// The raw-SQL limit of one expiry batch of `phase`: lock, update, audit
+/// and outbox in ONE statement, one transaction per batch. Same rows, same
+/// columns, same audit and outbox rows as the worker; the payload is built
+/// in SQL with the same fields (UUID strings, phase, timestamp), so its size
+/// is close to the worker's protobuf (both sizes are recorded); `headers`
+/// says which headers the outbox row gets.
+///
+/// Binds: `$1` as_of, `$2` batch size, `$3` run id, `$4` topic,
+/// `$5` as_of as text, `$6` ce_source, `$7` created_at.
+pub fn raw_batch_sql(phase: Phase, headers: RawHeaders) -> String {
     // Derived from the domain's definition of the phase, like the worker's.
     let target = phase.target_status();
     // The protobuf enum's name, as the worker's payload carries it.
     let proto_phase = format!("PHASE_{}", phase.as_str().to_ascii_uppercase());
-    let partial_index = bookings::partial_index(phase);
     let predicate = bookings::due_predicate(phase);
-    let raw_batch = format!(
+    let eight_keys = "'ce_id', event_id::text, 'ce_source', $6::text, 'ce_specversion', '1.0',
+                          'ce_time', $5::text, 'ce_type', $4::text,
+                          'content-type', 'application/protobuf',
+                          'correlation_id', $3::text, 'tenant_id', tenant_id::text";
+    let headers = match headers {
+        RawHeaders::Json => format!("json_build_object({eight_keys})"),
+        RawHeaders::Jsonb => format!("jsonb_build_object({eight_keys})"),
+        RawHeaders::JsonbFourKeys => {
+            "jsonb_build_object('ce_id', event_id::text, 'ce_time', $5::text, \
+             'correlation_id', $3::text, 'tenant_id', tenant_id::text)"
+                .to_owned()
+        }
+    };
+    format!(
         "WITH c AS (
     SELECT id, status FROM bookings
      WHERE {predicate} AND deal_id IS NOT NULL AND property_object_id IS NOT NULL
@@ -55,20 +88,11 @@ INSERT INTO booking_expiration_outbox
 SELECT event_id, $4, id::text,
        convert_to(concat_ws('|', event_id, 1, 'Booking', id, tenant_id, deal_id, property_object_id,
                             '{proto_phase}', $5::text, $3::uuid, version), 'UTF8'),
-       jsonb_build_object('ce_id', event_id::text, 'ce_source', $6::text, 'ce_specversion', '1.0',
-                          'ce_time', $5::text, 'ce_type', $4::text,
-                          'content-type', 'application/protobuf',
-                          'correlation_id', $3::text, 'tenant_id', tenant_id::text),
+       {headers},
        $3, tenant_id, $7
   FROM e",
         deadline = bookings::deadline_column(phase),
-    );
-    PhaseSql {
-        raw_batch,
-        lock_due: bookings::lock_due_sql(phase).to_owned(),
-        count_due_excluding: bookings::count_due_excluding_sql(phase).to_owned(),
-        partial_index,
-    }
+    )
 }
 
 /// Bookings `0..$1` in the active statuses in turn (all phases), with

@@ -13,6 +13,7 @@ use crate::{
         expiry::{self, Comparison},
         profile::ProfileRun,
         publisher::PublisherFigure,
+        schema_cost::{LeanFigure, SchemaCost},
     },
     results::Results,
     support::{Stat, num},
@@ -142,6 +143,9 @@ pub fn figures_table(r: &Results) -> String {
             load: c.loadavg_at_start,
         });
     }
+    if let Some(lean) = &r.lean {
+        lean_rows(lean, &mut rows);
+    }
     if let Some(idle) = &r.idle_cycle {
         rows.push(Row {
             figure: format!("idle cycle (0 due) over {} bookings", idle.table_rows),
@@ -226,6 +230,64 @@ fn kafka_tls_rows(k: &crate::figures::kafka_tls::KafkaTlsFigure, rows: &mut Vec<
             load: k.loadavg_at_start,
         });
     }
+}
+
+/// Figure 10: the worker against the raw statement on the lean schema,
+/// and the two raw baselines against each other.
+fn lean_rows(l: &LeanFigure, rows: &mut Vec<Row>) {
+    let row =
+        |figure: String, project: String, baseline: String, ratio: f64, goal: Option<f64>| Row {
+            figure,
+            project,
+            baseline,
+            ratio: format!("{ratio:.2}x"),
+            goal: goal.map_or("-".into(), |g| format!(">= {g}x")),
+            met: goal.map_or("-".into(), |g| met(ratio >= g)),
+            load: l.loadavg_at_start,
+        };
+    rows.push(row(
+        format!("{}: worker vs raw SQL on a lean schema", l.label),
+        rates(&l.worker_bookings_per_s, "bookings/s"),
+        format!("lean {}", rates(&l.raw_lean_bookings_per_s, "bookings/s")),
+        l.worker_vs_raw_lean,
+        Some(EXPIRY_GOAL),
+    ));
+    rows.push(row(
+        "  same run: worker vs raw SQL on the own schema".into(),
+        rates(&l.worker_bookings_per_s, "bookings/s"),
+        format!("own {}", rates(&l.raw_own_bookings_per_s, "bookings/s")),
+        l.worker_vs_raw_own,
+        None,
+    ));
+    rows.push(row(
+        "  same run: raw SQL on the own schema vs on the lean schema".into(),
+        format!("own {}", rates(&l.raw_own_bookings_per_s, "bookings/s")),
+        format!("lean {}", rates(&l.raw_lean_bookings_per_s, "bookings/s")),
+        l.raw_own_vs_raw_lean,
+        None,
+    ));
+}
+
+/// Figure 11: one row per variant of the ablation.
+pub fn schema_cost_table(c: &SchemaCost) -> String {
+    let mut out = format!(
+        "\n| schema variant ({} due / {} rows, batch {}, raw statement unless noted) | wall ms per 10k rows (min / median / max) | vs base | server CPU ms per 10k rows (min / median / max) | vs base | WAL bytes per booking (median) | headers bytes |\n|---|---|---|---|---|---|---|\n",
+        c.due, c.table_rows, c.batch
+    );
+    for row in &c.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2}x | {} | {:.2}x | {:.0} | {} |",
+            row.change,
+            fixed(&row.ms_per_10k, 0, "ms"),
+            row.vs_base,
+            fixed(&row.server_cpu_ms_per_10k, 0, "ms"),
+            row.cpu_vs_base,
+            row.wal_bytes_per_booking.median,
+            row.headers_bytes.map_or("-".into(), |b| format!("{b:.0}"))
+        );
+    }
+    out
 }
 
 fn publisher_rows(p: &PublisherFigure, rows: &mut Vec<Row>) {
@@ -455,6 +517,26 @@ pub fn raw_numbers(r: &Results) -> String {
             samples(&c.worker_seconds, 3),
             samples(&c.raw_sql_seconds, 3)
         );
+    }
+    if let Some(lean) = &r.lean {
+        let _ = writeln!(
+            out,
+            "\nWorker vs raw SQL on the own and on a lean schema, bookings/s per repetition: worker {}; raw own {}; raw lean {}. \
+             PostgreSQL CPU ms per 10k bookings (min / median / max): worker {}, raw own {}, raw lean {}; \
+             WAL bytes per booking (median): worker {:.0}, raw own {:.0}, raw lean {:.0}.",
+            samples(&lean.worker_bookings_per_s, 0),
+            samples(&lean.raw_own_bookings_per_s, 0),
+            samples(&lean.raw_lean_bookings_per_s, 0),
+            fixed(&lean.server_cpu_ms_per_10k[0], 0, "ms"),
+            fixed(&lean.server_cpu_ms_per_10k[1], 0, "ms"),
+            fixed(&lean.server_cpu_ms_per_10k[2], 0, "ms"),
+            lean.wal_bytes_per_booking[0].median,
+            lean.wal_bytes_per_booking[1].median,
+            lean.wal_bytes_per_booking[2].median
+        );
+    }
+    if let Some(cost) = &r.schema_cost {
+        out.push_str(&schema_cost_table(cost));
     }
     if let Some(idle) = &r.idle_cycle {
         let _ = writeln!(

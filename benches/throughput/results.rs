@@ -17,11 +17,14 @@ use crate::figures::{
     kafka_tls::KafkaTlsFigure,
     profile::ProfileRun,
     publisher::PublisherFigure,
+    schema_cost::{LeanFigure, SchemaCost},
 };
 
 /// The figures `BENCH_ONLY` names, in the order a full run measures them.
-pub const FIGURES: [&str; 10] = [
+pub const FIGURES: [&str; 12] = [
     "expiry",
+    "lean",
+    "schema_cost",
     "idle",
     "publisher",
     "end_to_end",
@@ -54,6 +57,13 @@ pub struct Results {
     /// Figures 1 and 2, by key (`figures::expiry::configs` gives their order).
     #[serde(default)]
     pub expiry: BTreeMap<String, Comparison>,
+    /// Figure 10: the worker against the raw statement on its own and on a
+    /// lean schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lean: Option<LeanFigure>,
+    /// Figure 11: what each index, constraint, type and trigger costs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_cost: Option<SchemaCost>,
     /// Figure 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_cycle: Option<IdleCycle>,
@@ -116,6 +126,8 @@ impl Results {
         let has = |name: &str| match name {
             "expiry" => self.expiry.contains_key(headline),
             "scaling" => self.expiry.keys().any(|k| k != headline),
+            "lean" => self.lean.is_some(),
+            "schema_cost" => self.schema_cost.is_some(),
             "idle" => self.idle_cycle.is_some(),
             "publisher" => self.publisher.is_some(),
             "end_to_end" => self.end_to_end.is_some(),
@@ -146,6 +158,8 @@ impl Results {
         self.measured = previous.measured;
         previous.expiry.append(&mut self.expiry);
         self.expiry = previous.expiry;
+        self.lean = self.lean.or(previous.lean);
+        self.schema_cost = self.schema_cost.or(previous.schema_cost);
         self.idle_cycle = self.idle_cycle.or(previous.idle_cycle);
         self.publisher = self.publisher.or(previous.publisher);
         self.end_to_end = self.end_to_end.or(previous.end_to_end);

@@ -351,13 +351,14 @@ WITH input AS (
 ), queued AS (
     INSERT INTO booking_expiration_outbox
            (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
-    SELECT i.event_id, $13, i.message_key, i.payload, i.headers::jsonb, $12, i.tenant_id, $14
+    SELECT i.event_id, $13, i.message_key, i.payload, i.headers::json, $12, i.tenant_id, $14
       FROM input i JOIN updated u ON u.id = i.id
 )
 SELECT id FROM updated";
 
 /// The headers as one JSON object, written straight from the pairs (no
-/// intermediate `serde_json::Value` per row); the statement casts it to jsonb.
+/// intermediate `serde_json::Value` per row); the statement casts it to
+/// `json`, which keeps the text as written.
 pub(crate) fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
     struct Object<'a>(&'a [(&'static str, String)]);
     impl serde::Serialize for Object<'_> {

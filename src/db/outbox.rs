@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, BigInt, Bytea, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Array, BigInt, Bytea, Json, Nullable, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
@@ -25,7 +25,8 @@ pub struct OutboxRow {
     pub message_key: String,
     #[diesel(sql_type = Bytea)]
     pub payload: Vec<u8>,
-    #[diesel(sql_type = Jsonb)]
+    /// The `json` column: the object as the worker wrote it.
+    #[diesel(sql_type = Json)]
     pub headers: serde_json::Value,
     #[diesel(sql_type = Timestamptz)]
     pub created_at: DateTime<Utc>,

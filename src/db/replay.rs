@@ -168,7 +168,7 @@ pub struct ReplayWrite {
 const ENQUEUE_SQL: &str = "\
 INSERT INTO booking_expiration_outbox
        (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at, replay_id)
-SELECT i.event_id, $1, i.message_key, i.payload, i.headers::jsonb, i.correlation_id, i.tenant_id, $2, $3
+SELECT i.event_id, $1, i.message_key, i.payload, i.headers::json, i.correlation_id, i.tenant_id, $2, $3
   FROM unnest($4::uuid[], $5::text[], $6::bytea[], $7::text[], $8::uuid[], $9::uuid[])
        AS i(event_id, message_key, payload, headers, correlation_id, tenant_id)
  WHERE NOT EXISTS (SELECT 1 FROM booking_expiration_outbox o

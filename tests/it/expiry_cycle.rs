@@ -17,7 +17,7 @@ use booking_expired_proto::{decode_record, v1};
 use chrono::Duration as ChronoDuration;
 use diesel::{
     QueryableByName,
-    sql_types::{Bytea, Jsonb, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Bytea, Json, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use tokio_util::sync::CancellationToken;
@@ -33,7 +33,7 @@ struct OutboxEntry {
     topic: String,
     #[diesel(sql_type = Bytea)]
     payload: Vec<u8>,
-    #[diesel(sql_type = Jsonb)]
+    #[diesel(sql_type = Json)]
     headers: serde_json::Value,
     #[diesel(sql_type = SqlUuid)]
     correlation_id: Uuid,

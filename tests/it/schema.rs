@@ -365,3 +365,123 @@ async fn subscribers_get_each_committed_batch_and_never_a_rolled_back_one() {
         [vec![a.id, b.id], vec![c.id, d.id]]
     );
 }
+
+#[derive(QueryableByName)]
+struct Name {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+/// Sorted names from a one-column (`name`) query.
+async fn names(db: &TestDb, sql: &str) -> Vec<String> {
+    let mut conn = db.conn().await;
+    let rows: Vec<Name> = diesel::sql_query(sql)
+        .load(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mut out: Vec<String> = rows.into_iter().map(|r| r.name).collect();
+    out.sort();
+    out
+}
+
+const WORKER_INDEXES: &str = "SELECT indexname AS name FROM pg_indexes \
+     WHERE schemaname = 'public' \
+       AND tablename IN ('booking_expiration_audit', 'booking_expiration_outbox')";
+const HEADERS_TYPE: &str = "SELECT data_type AS name FROM information_schema.columns \
+     WHERE table_name = 'booking_expiration_outbox' AND column_name = 'headers'";
+
+/// Every index an expiry's insert pays for is one a query needs (the
+/// `lean_outbox` migration says which query); a new one must be added here
+/// on purpose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_tables_carry_only_the_indexes_their_queries_use() {
+    let db = TestDb::new().await;
+    assert_eq!(
+        names(&db, WORKER_INDEXES).await,
+        [
+            "booking_expiration_outbox_pkey",
+            "ix_booking_expiration_audit_booking_id",
+            "ix_booking_expiration_outbox_parked",
+            "ix_booking_expiration_outbox_published_at",
+            "ix_booking_expiration_outbox_unpublished",
+            "ux_booking_expiration_outbox_event_id_replay_id",
+        ]
+    );
+    assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
+    // The audit rows of a booking are found by its index.
+    let mut conn = db.conn().await;
+    conn.begin_test_transaction().await.expect("begin");
+    diesel::sql_query("SET LOCAL enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .expect("set");
+    #[derive(QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let plan: Vec<Plan> = diesel::sql_query(
+        "EXPLAIN SELECT * FROM booking_expiration_audit \
+          WHERE booking_id = '00000000-0000-4000-8000-000000000001'",
+    )
+    .load(&mut conn)
+    .await
+    .expect("explain");
+    let plan: Vec<String> = plan.into_iter().map(|p| p.line).collect();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("ix_booking_expiration_audit_booking_id")),
+        "{}",
+        plan.join("\n")
+    );
+}
+
+/// The `lean_outbox` migration's down runs over a republished event (two
+/// rows of one event id, the second a replay's), keeps both rows, and its up
+/// applies again over the restored schema.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
+    let db = TestDb::new().await;
+    let row = |replay_id: &str| {
+        format!(
+            "INSERT INTO booking_expiration_outbox \
+                (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, \
+                 created_at, published_at, replay_id) \
+             VALUES ('6c1f3b1e-9a52-4d0b-8c43-2f7e5d9a0b11', 't', 'k', '\\x01', \
+                     '{{\"ce_id\": \"6c1f3b1e-9a52-4d0b-8c43-2f7e5d9a0b11\"}}', \
+                     gen_random_uuid(), gen_random_uuid(), now(), now(), {replay_id})"
+        )
+    };
+    // The original, published; its republished copy, published too.
+    db.exec_sql(&row("NULL")).await;
+    db.exec_sql(&row("gen_random_uuid()")).await;
+    let mut harness = AsyncMigrationHarness::new(db.conn().await);
+    let reverted = harness
+        .revert_last_migration(MIGRATIONS)
+        .expect("the down migration runs")
+        .to_string();
+    // Diesel names a migration by its version, the folder name's digits.
+    assert_eq!(
+        reverted, "20261204000004",
+        "the lean_outbox migration is the last"
+    );
+    drop(harness);
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        2
+    );
+    assert_eq!(names(&db, HEADERS_TYPE).await, ["jsonb"]);
+    let indexes = names(&db, WORKER_INDEXES).await;
+    for restored in [
+        "booking_expiration_audit_pkey",
+        "ux_booking_expiration_outbox_event_id_replay_id",
+    ] {
+        assert!(indexes.iter().any(|i| i == restored), "{indexes:?}");
+    }
+    let applied = db::migrate::run_migrations(&db.settings)
+        .await
+        .expect("the migration applies again");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
+}

@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use super::{SOURCE, TOPIC, pools, reps};
 use crate::{
-    phase_sql::phase_sql,
+    phase_sql::{RawHeaders, raw_batch_sql},
     progress,
     support::{Services, Stat, loadavg, num},
     templates::{Backlog, DueSet, Templates},
@@ -219,7 +219,7 @@ pub async fn measure(
             );
             let (rates, secs, details) = match side {
                 Side::Worker => (&mut w_rate, &mut w_secs, &mut worker_details),
-                Side::Raw => (&mut r_rate, &mut r_secs, &mut raw_details),
+                Side::Raw | Side::RawWith(_) => (&mut r_rate, &mut r_secs, &mut raw_details),
             };
             rates.push(rate);
             secs.push(m.run.secs);
@@ -257,7 +257,10 @@ pub async fn measure(
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Side {
     Worker,
+    /// The raw statement on the schema as migrated ([`RawHeaders::Json`]).
     Raw,
+    /// The raw statement writing other headers (the schema-cost figures).
+    RawWith(RawHeaders),
 }
 
 /// What one expiry run did.
@@ -300,8 +303,13 @@ pub fn worker(pool: PgPool, as_of: DateTime<Utc>, batch: u32) -> ExpiryWorker {
 
 /// One raw-SQL instance: phases take turns batch by batch (as the worker's
 /// do) until each phase returned a short batch.
-async fn raw_instance(pool: PgPool, as_of: DateTime<Utc>, batch: u32) -> Result<(u64, u32)> {
-    let sql = Phase::ALL.map(|phase| phase_sql(phase).raw_batch);
+async fn raw_instance(
+    pool: PgPool,
+    as_of: DateTime<Utc>,
+    batch: u32,
+    headers: RawHeaders,
+) -> Result<(u64, u32)> {
+    let sql = Phase::ALL.map(|phase| raw_batch_sql(phase, headers));
     let mut conn = pool.get().await?;
     let run_id = Uuid::new_v4();
     let as_of_text = as_of.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
@@ -371,7 +379,8 @@ pub async fn expire_all(
                             outcome.batches,
                         ))
                     }
-                    Side::Raw => raw_instance(pool, as_of, batch).await,
+                    Side::Raw => raw_instance(pool, as_of, batch, RawHeaders::Json).await,
+                    Side::RawWith(headers) => raw_instance(pool, as_of, batch, headers).await,
                 }
             });
         }
@@ -403,18 +412,18 @@ pub async fn expire_all(
 // ---------------------------------------------------------------------------
 
 #[derive(QueryableByName, Debug)]
-struct WrittenRows {
+pub struct WrittenRows {
     #[diesel(sql_type = BigInt)]
-    audit: i64,
+    pub audit: i64,
     #[diesel(sql_type = BigInt)]
-    outbox: i64,
+    pub outbox: i64,
     #[diesel(sql_type = Nullable<Double>)]
-    payload_bytes: Option<f64>,
+    pub payload_bytes: Option<f64>,
     #[diesel(sql_type = Nullable<Double>)]
-    headers_bytes: Option<f64>,
+    pub headers_bytes: Option<f64>,
 }
 
-async fn written_rows(url: &str) -> Result<WrittenRows> {
+pub async fn written_rows(url: &str) -> Result<WrittenRows> {
     let mut conn = AsyncPgConnection::establish(url).await?;
     Ok(diesel::sql_query(
         "SELECT (SELECT count(*) FROM booking_expiration_audit)::bigint AS audit,

@@ -10,6 +10,7 @@ pub mod idle;
 pub mod kafka_tls;
 pub mod profile;
 pub mod publisher;
+pub mod schema_cost;
 
 use anyhow::Result;
 use booking_expiration::db::{self, PgPool};
