@@ -44,6 +44,16 @@ fn main() -> ExitCode {
     }
 }
 
+/// One line (or block) of a command's result on stdout. A reader that
+/// went away (`status | head`) is not an error of the command.
+fn out(text: &str) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other.context("cannot write to stdout")?),
+    }
+}
+
 fn fail(error: &anyhow::Error) -> ExitCode {
     let code = error
         .downcast_ref::<AppError>()
@@ -67,7 +77,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             block_on(async |_| {
                 if check {
                     let pending = app::pending_migrations(&database).await?;
-                    println!("{}", serde_json::json!({ "pending": pending }));
+                    out(&serde_json::json!({ "pending": pending }).to_string())?;
                     if !pending.is_empty() {
                         return Err(AppError::MigrationsPending(pending.len()).into());
                     }
@@ -86,7 +96,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             let database = database.settings().map_err(invalid)?;
             block_on(async |stop| {
                 let report = app::once(&database, expiry, events, shutdown, stop).await?;
-                println!("{}", serde_json::to_string(&report)?);
+                out(&serde_json::to_string(&report)?)?;
                 Ok(())
             })
         }
@@ -95,9 +105,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
             block_on(async |_| {
                 let report = app::status(&database).await?;
                 if json {
-                    println!("{}", serde_json::to_string(&report)?);
+                    out(&serde_json::to_string(&report)?)?;
                 } else {
-                    print!("{report}");
+                    out(report.to_string().trim_end_matches('\n'))?;
                 }
                 Ok(())
             })
@@ -118,7 +128,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             };
             block_on(async |_| {
                 let put_back = app::outbox_retry(&database, &which).await?;
-                println!("{{\"put_back\":{put_back}}}");
+                out(&format!("{{\"put_back\":{put_back}}}"))?;
                 Ok(())
             })
         }
@@ -179,7 +189,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             let database = database.settings().map_err(invalid)?;
             block_on(async |_| {
                 let inserted = app::seed(&database, &seed).await?;
-                println!("{{\"inserted\":{inserted}}}");
+                out(&format!("{{\"inserted\":{inserted}}}"))?;
                 Ok(())
             })
         }

@@ -407,3 +407,23 @@ async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
         .to_owned();
     assert!(!stderr.contains(&password), "no secret in logs");
 }
+
+/// A reader that goes away before the result is written (`status | head`
+/// that stopped early) is not a failure of the command: exit 0, no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_is_not_a_failure() {
+    let db = TestDb::new().await;
+    let mut child = binary()
+        .arg("status")
+        .env("DATABASE_URL", &db.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the read end before the command (still connecting) writes.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
