@@ -116,6 +116,49 @@ func TestEachBreakageIsCaught(t *testing.T) {
 	}
 }
 
+// Other valid set-ups, made from the example overlay, must pass too (the
+// checks follow the worker's rules, not the example's values).
+func TestValidVariantsPass(t *testing.T) {
+	text, repo := rendered(t)
+	cases := []struct {
+		name     string
+		replaces [][2]string
+	}{
+		{"no pooler, no direct URL: migrate uses DATABASE_URL", [][2]string{
+			{"  DATABASE_POOLER: transaction\n", ""},
+			{"  DATABASE_DIRECT_URL: ", ""}, // a prefix: the whole line goes
+		}},
+		{"pooler in session mode", [][2]string{{"  DATABASE_POOLER: transaction\n", "  DATABASE_POOLER: session\n"}}},
+		{"Kafka CA from the bundled roots", [][2]string{{"  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", ""}}},
+		{"Kafka mutual TLS without SASL", [][2]string{
+			{"  KAFKA_SASL_MECHANISM: SCRAM-SHA-512\n", ""},
+			{"  KAFKA_SECURITY_PROTOCOL: SASL_SSL\n", "  KAFKA_SECURITY_PROTOCOL: ssl\n"},
+			{"  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n  KAFKA_SSL_CERTIFICATE_LOCATION: /etc/booking-expiration/tls/tls.crt\n  KAFKA_SSL_KEY_LOCATION: /etc/booking-expiration/tls/tls.key\n"},
+		}},
+		{"no span export", [][2]string{{"  OTEL_EXPORTER_OTLP_ENDPOINT: http://otel-collector.observability.svc:4318\n", ""}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			changed := text
+			for _, r := range tc.replaces {
+				if !strings.Contains(changed, r[0]) {
+					t.Fatalf("the rendered manifests no longer contain %q: update this case", r[0])
+				}
+				if r[1] == "" && !strings.HasSuffix(r[0], "\n") {
+					start := strings.Index(changed, r[0])
+					end := start + strings.Index(changed[start:], "\n") + 1
+					changed = changed[:start] + changed[end:]
+					continue
+				}
+				changed = strings.Replace(changed, r[0], r[1], 1)
+			}
+			if problems := validate(t, changed, repo); len(problems) > 0 {
+				t.Fatalf("a valid variant fails:\n%s", strings.Join(problems, "\n"))
+			}
+		})
+	}
+}
+
 func TestHumanDurations(t *testing.T) {
 	for text, want := range map[string]string{"10s": "10s", "500ms": "500ms", "1m 30s": "1m30s", "2min": "2m0s", "1h": "1h0m0s"} {
 		got, err := parseHumanDuration(text)
