@@ -5,7 +5,8 @@
 #      the official API types (k8s.io/api; prometheus-operator's monitoring/v1 for
 #      ServiceMonitor and PrometheusRule), then semantic checks against the
 #      worker's sources (probe paths, grace > stop grace, securityContext,
-#      memory vs the measured RSS, env names, certificate paths, scrape job);
+#      memory vs the measured RSS, env names, migrate's session past a pooler,
+#      Kafka security and OTLP settings, certificate paths, scrape job);
 #   3. go test of tools/k8s-validate: it breaks the rendered overlay one way at a
 #      time (an unknown field, a short grace, a loopback METRICS_ADDR, ...) and
 #      expects each to be caught.

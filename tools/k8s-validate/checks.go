@@ -26,8 +26,8 @@ import (
 const (
 	workerContainer  = "worker"
 	migrateContainer = "migrate"
-	// The init container's DATABASE_URL: a direct session connection.
-	migrateURLKey = "MIGRATE_DATABASE_URL"
+	// Where a session goes past a transaction pooler (LISTEN, migrate).
+	directURLKey  = "DATABASE_DIRECT_URL"
 	livenessPath  = "/healthz"
 	readinessPath = "/readyz"
 	metricsPath   = "/metrics"
@@ -247,7 +247,7 @@ func containerEnv(where string, c *corev1.Container, m *manifests, repo *Repo, p
 				continue // provided by the operator: checked where rendered (the example overlay)
 			}
 			for k, v := range secretData(secret) {
-				if !repo.EnvVars[k] && k != migrateURLKey {
+				if !repo.EnvVars[k] {
 					p.add("Secret/"+secret.Name, "key %q is not an environment variable the worker reads", k)
 				}
 				e.values[from.Prefix+k] = v
@@ -383,7 +383,106 @@ func checkWorker(where string, spec *corev1.PodSpec, c *corev1.Container, m *man
 				*spec.TerminationGracePeriodSeconds, stop, g, t, repo.StopMargin)
 		}
 	}
-	checkTLSPaths(cw, spec, c, e, m, p)
+	checkTLSPaths(cw, spec, c, e, m, true, p)
+	checkDatabaseSettings(cw, e, p)
+	checkKafkaSettings(cw, e, p)
+	checkTraceSettings(cw, e, p)
+}
+
+// setting is an env value as the worker's parsers see it (trimmed; clap
+// treats an empty value as unset).
+func setting(e env, name string) (string, bool) {
+	v, ok := e.values[name]
+	v = strings.TrimSpace(v)
+	if !ok && e.known[name] {
+		return "", true // from a source not rendered here
+	}
+	return v, ok && v != ""
+}
+
+// checkDatabaseSettings: DATABASE_POOLER is a value src/config/parse.rs takes.
+func checkDatabaseSettings(where string, e env, p *problems) {
+	if v, ok := setting(e, "DATABASE_POOLER"); ok && v != "" {
+		switch strings.ToLower(v) {
+		case "none", "session", "transaction":
+		default:
+			p.add(where, "DATABASE_POOLER %q is not none or transaction: the worker refuses to start (exit 2)", v)
+		}
+	}
+}
+
+// checkKafkaSettings mirrors the start-up checks of src/config.rs
+// (security_protocol, kafka_tls): what the worker would refuse with exit 2.
+func checkKafkaSettings(where string, e env, p *problems) {
+	protocol, _ := setting(e, "KAFKA_SECURITY_PROTOCOL")
+	protocol = strings.ToUpper(protocol)
+	mechanism, hasMechanism := setting(e, "KAFKA_SASL_MECHANISM")
+	switch protocol {
+	case "":
+		protocol = "PLAINTEXT"
+		if hasMechanism {
+			protocol = "SASL_PLAINTEXT"
+		}
+	case "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL":
+	default:
+		p.add(where, "KAFKA_SECURITY_PROTOCOL %q is not PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL", protocol)
+		return
+	}
+	if hasMechanism && mechanism != "" {
+		switch strings.ToUpper(mechanism) {
+		case "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512":
+		default:
+			p.add(where, "KAFKA_SASL_MECHANISM %q is not PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512", mechanism)
+		}
+	}
+	sasl := strings.HasPrefix(protocol, "SASL_")
+	tls := protocol == "SSL" || protocol == "SASL_SSL"
+	switch {
+	case sasl && !hasMechanism:
+		p.add(where, "KAFKA_SECURITY_PROTOCOL=%s needs KAFKA_SASL_MECHANISM: the worker refuses to start (exit 2)", protocol)
+	case !sasl && hasMechanism:
+		p.add(where, "KAFKA_SASL_MECHANISM is set, but KAFKA_SECURITY_PROTOCOL=%s uses no SASL: the worker refuses to start (exit 2)", protocol)
+	}
+	if sasl {
+		for _, name := range []string{"KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"} {
+			if _, ok := setting(e, name); !ok {
+				p.add(where, "%s is required with KAFKA_SASL_MECHANISM", name)
+			}
+		}
+	}
+	_, cert := setting(e, "KAFKA_SSL_CERTIFICATE_LOCATION")
+	_, key := setting(e, "KAFKA_SSL_KEY_LOCATION")
+	for _, name := range kafkaFileSettings {
+		if _, ok := setting(e, name); ok && !tls {
+			p.add(where, "%s is set, but KAFKA_SECURITY_PROTOCOL=%s uses no TLS: the worker refuses to start (exit 2)", name, protocol)
+		}
+	}
+	if cert != key {
+		p.add(where, "KAFKA_SSL_CERTIFICATE_LOCATION and KAFKA_SSL_KEY_LOCATION go together (both or neither)")
+	}
+}
+
+// checkTraceSettings: the build exports OTLP over plain HTTP with protobuf
+// only (src/telemetry/trace.rs).
+func checkTraceSettings(where string, e env, p *problems) {
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"} {
+		if v, ok := e.values[name]; ok && strings.TrimSpace(v) != "" && strings.TrimSpace(v) != "http/protobuf" {
+			p.add(where, "%s %q: only http/protobuf is supported (the worker exits 2)", name, v)
+		}
+	}
+	for _, name := range []string{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		v, ok := e.values[name]
+		if !ok || strings.TrimSpace(v) == "" {
+			continue
+		}
+		u, err := url.Parse(strings.TrimSpace(v))
+		switch {
+		case err != nil:
+			p.add(where, "%s %q: %v", name, v, err)
+		case u.Scheme != "http" || u.Host == "":
+			p.add(where, "%s %q: must be an http:// URL (OTLP over plain HTTP; the build has no TLS stack for it)", name, v)
+		}
+	}
 }
 
 func resolvePort(port intstr.IntOrString, c *corev1.Container) (int32, bool) {
@@ -426,11 +525,19 @@ func checkMigrate(where string, deploy *appsv1.Deployment, worker *corev1.Contai
 	if len(c.Args) == 0 || c.Args[0] != "migrate" || !repo.Subcommands["migrate"] {
 		p.add(cw, "args must start with the subcommand migrate, got %q", c.Args)
 	}
-	direct := slices.ContainsFunc(c.Env, func(v corev1.EnvVar) bool {
-		return v.Name == "DATABASE_URL" && v.ValueFrom != nil && v.ValueFrom.SecretKeyRef != nil && v.ValueFrom.SecretKeyRef.Key == migrateURLKey
-	})
-	if !direct {
-		p.add(cw, "DATABASE_URL must come from the Secret key %s (a direct session connection, not a transaction pooler)", migrateURLKey)
+	// What `migrate` connects with (DatabaseSettings::for_migrate): the
+	// direct URL when given, else DATABASE_URL unless that is a transaction
+	// pooler, where migrate refuses (exit 2). The env names themselves are
+	// reported by checkContainer.
+	var quiet problems
+	e := containerEnv(cw, c, m, repo, &quiet)
+	pooler, _ := setting(e, "DATABASE_POOLER")
+	if _, direct := setting(e, directURLKey); !direct && strings.EqualFold(pooler, "transaction") {
+		p.add(cw, "DATABASE_POOLER=transaction and no %s: migrate needs a session past the pooler and refuses to start (exit 2)", directURLKey)
+	}
+	checkDatabaseSettings(cw, e, p)
+	if spec := &deploy.Spec.Template.Spec; findContainer(spec.InitContainers, c.Name) == c {
+		checkTLSPaths(cw, spec, c, e, m, false, p)
 	}
 	if c.Image != worker.Image {
 		p.add(cw, "image %q differs from the worker's %q: the migrations must match the binary", c.Image, worker.Image)
@@ -524,50 +631,70 @@ func checkVolumes(where string, spec *corev1.PodSpec, p *problems) {
 	}
 }
 
-// checkTLSPaths: the certificate files named in DATABASE_URL (and the
-// migrate URL) are keys of a Secret mounted at that directory.
-func checkTLSPaths(where string, spec *corev1.PodSpec, c *corev1.Container, e env, m *manifests, p *problems) {
-	urls := map[string]string{}
-	if v, ok := e.values["DATABASE_URL"]; ok {
-		urls["DATABASE_URL"] = v
-	}
-	if v, ok := e.values[migrateURLKey]; ok {
-		urls[migrateURLKey] = v
-	}
-	for name, raw := range urls {
+// The Kafka settings that name a file.
+var kafkaFileSettings = []string{"KAFKA_SSL_CA_LOCATION", "KAFKA_SSL_CERTIFICATE_LOCATION", "KAFKA_SSL_KEY_LOCATION"}
+
+// checkTLSPaths: the certificate files named in DATABASE_URL and
+// DATABASE_DIRECT_URL (sslrootcert, sslcert, sslkey) and, with kafka, in
+// KAFKA_SSL_*_LOCATION are keys of a Secret mounted at that directory.
+func checkTLSPaths(where string, spec *corev1.PodSpec, c *corev1.Container, e env, m *manifests, kafka bool, p *problems) {
+	files := map[string]string{} // "SETTING param" -> path
+	for _, name := range []string{"DATABASE_URL", directURLKey} {
+		raw, ok := e.values[name]
+		if !ok {
+			continue
+		}
 		u, err := url.Parse(raw)
 		if err != nil {
 			p.add(where, "%s is not a URL: %v", name, err)
 			continue
 		}
 		for _, param := range []string{"sslrootcert", "sslcert", "sslkey"} {
-			file := u.Query().Get(param)
-			if file == "" || file == "system" {
-				continue
+			if file := u.Query().Get(param); file != "" && file != "system" {
+				files[name+" "+param+"="+file] = file
 			}
-			dir, base := path.Split(file)
-			dir = strings.TrimSuffix(dir, "/")
-			var volume *corev1.Volume
-			for _, mount := range c.VolumeMounts {
-				if strings.TrimSuffix(mount.MountPath, "/") == dir {
-					for i := range spec.Volumes {
-						if spec.Volumes[i].Name == mount.Name {
-							volume = &spec.Volumes[i]
-						}
+		}
+	}
+	if kafka {
+		for _, name := range kafkaFileSettings {
+			if file, ok := e.values[name]; ok && strings.TrimSpace(file) != "" {
+				files[name+"="+file] = strings.TrimSpace(file)
+			}
+		}
+	}
+	whats := make([]string, 0, len(files))
+	for what := range files {
+		whats = append(whats, what)
+	}
+	slices.Sort(whats)
+	for _, what := range whats {
+		file := files[what]
+		if !path.IsAbs(file) {
+			p.add(where, "%s: not an absolute path", what)
+			continue
+		}
+		dir, base := path.Split(path.Clean(file))
+		dir = strings.TrimSuffix(dir, "/")
+		var volume *corev1.Volume
+		for _, mount := range c.VolumeMounts {
+			if path.Clean(mount.MountPath) == dir {
+				for i := range spec.Volumes {
+					if spec.Volumes[i].Name == mount.Name {
+						volume = &spec.Volumes[i]
 					}
 				}
 			}
-			if volume == nil {
-				p.add(where, "%s %s=%s: no volume mounted at %s", name, param, file, dir)
-				continue
-			}
-			if volume.Secret == nil {
-				continue
-			}
-			if secret, ok := m.secrets[volume.Secret.SecretName]; ok {
-				if _, ok := secretData(secret)[base]; !ok {
-					p.add(where, "%s %s=%s: Secret %q has no key %q", name, param, file, secret.Name, base)
-				}
+		}
+		if volume == nil {
+			p.add(where, "%s: no volume mounted at %s in container %s", what, dir, c.Name)
+			continue
+		}
+		if volume.Secret == nil {
+			continue
+		}
+		if secret, ok := m.secrets[volume.Secret.SecretName]; ok {
+			if _, ok := secretData(secret)[base]; !ok {
+				p.add(where, "%s: Secret %q has no key %q", what, secret.Name, base)
 			}
 		}
 	}

@@ -78,7 +78,22 @@ func TestEachBreakageIsCaught(t *testing.T) {
 		{"memory under the measured RSS", "            memory: 32Mi\n", "            memory: 16Mi\n", "under 2x the measured peak RSS"},
 		{"certificate mounted with subPath", "        - mountPath: /etc/booking-expiration/tls\n          name: tls\n", "        - mountPath: /etc/booking-expiration/tls\n          name: tls\n          subPath: ca.crt\n", "never updates such a file"},
 		{"world-readable key", "          defaultMode: 288\n", "          defaultMode: 420\n", "defaultMode must give others no access"},
-		{"migrate through the pooler", "              key: MIGRATE_DATABASE_URL\n", "              key: DATABASE_URL\n", "MIGRATE_DATABASE_URL"},
+		{"migrate through the pooler (no direct URL)", "  DATABASE_DIRECT_URL: ", "  DATABASE_DIRECT_URLS: ", "DATABASE_POOLER=transaction and no DATABASE_DIRECT_URL: migrate"},
+		{"the old MIGRATE_DATABASE_URL convention", "  DATABASE_DIRECT_URL: ", "  MIGRATE_DATABASE_URL: ", `key "MIGRATE_DATABASE_URL" is not an environment variable`},
+		{"unknown pooler mode", "  DATABASE_POOLER: transaction\n", "  DATABASE_POOLER: statement\n", `DATABASE_POOLER "statement" is not none or transaction`},
+		{"direct URL's CA outside the mount", "crm.svc:5432/crm?sslmode=verify-full&sslrootcert=/etc/booking-expiration/tls/ca.crt", "crm.svc:5432/crm?sslmode=verify-full&sslrootcert=/etc/ssl/certs/pg-ca.crt", "DATABASE_DIRECT_URL sslrootcert=/etc/ssl/certs/pg-ca.crt: no volume mounted at /etc/ssl/certs"},
+		{"pooled URL's CA the Secret lacks", "crm.svc:6432/crm?sslmode=verify-full&sslrootcert=/etc/booking-expiration/tls/ca.crt", "crm.svc:6432/crm?sslmode=verify-full&sslrootcert=/etc/booking-expiration/tls/pgbouncer-ca.crt", `DATABASE_URL sslrootcert=/etc/booking-expiration/tls/pgbouncer-ca.crt: Secret "booking-expiration-tls" has no key "pgbouncer-ca.crt"`},
+		{"Kafka CA outside the mount", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", "  KAFKA_SSL_CA_LOCATION: /etc/ssl/kafka-ca.pem\n", "KAFKA_SSL_CA_LOCATION=/etc/ssl/kafka-ca.pem: no volume mounted at /etc/ssl"},
+		{"Kafka CA the Secret lacks", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/kafka-ca.crt\n", `has no key "kafka-ca.crt"`},
+		{"Kafka CA as a relative path", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", "  KAFKA_SSL_CA_LOCATION: tls/ca.crt\n", "not an absolute path"},
+		{"Kafka CA without TLS", "  KAFKA_SECURITY_PROTOCOL: SASL_SSL\n", "  KAFKA_SECURITY_PROTOCOL: SASL_PLAINTEXT\n", "KAFKA_SSL_CA_LOCATION is set, but KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT uses no TLS"},
+		{"SASL_SSL without a mechanism", "  KAFKA_SASL_MECHANISM: SCRAM-SHA-512\n", "", "KAFKA_SECURITY_PROTOCOL=SASL_SSL needs KAFKA_SASL_MECHANISM"},
+		{"SASL mechanism under SSL", "  KAFKA_SECURITY_PROTOCOL: SASL_SSL\n", "  KAFKA_SECURITY_PROTOCOL: SSL\n", "KAFKA_SASL_MECHANISM is set, but KAFKA_SECURITY_PROTOCOL=SSL uses no SASL"},
+		{"SCRAM without a password", "  KAFKA_SASL_PASSWORD: CHANGE-ME\n", "", "KAFKA_SASL_PASSWORD is required with KAFKA_SASL_MECHANISM"},
+		{"client certificate without its key", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n  KAFKA_SSL_CERTIFICATE_LOCATION: /etc/booking-expiration/tls/tls.crt\n", "both or neither"},
+		{"OTLP over https", "  OTEL_EXPORTER_OTLP_ENDPOINT: http://", "  OTEL_EXPORTER_OTLP_ENDPOINT: https://", "must be an http:// URL"},
+		{"OTLP over gRPC", "  OTEL_SERVICE_NAME: booking-expiration\n", "  OTEL_SERVICE_NAME: booking-expiration\n  OTEL_EXPORTER_OTLP_PROTOCOL: grpc\n", "only http/protobuf is supported"},
+		{"misspelt OTEL variable", "  OTEL_SERVICE_NAME: booking-expiration\n", "  OTEL_SERVICE: booking-expiration\n", `key "OTEL_SERVICE" is not an environment variable`},
 		{"certificate the Secret lacks", "sslrootcert=/etc/booking-expiration/tls/ca.crt", "sslrootcert=/etc/booking-expiration/tls/root.crt", `has no key "root.crt"`},
 		{"not-ready pods not scraped", "  publishNotReadyAddresses: true\n", "  publishNotReadyAddresses: false\n", "publishNotReadyAddresses must be true"},
 		{"scrape job the alerts do not select", "  jobLabel: app.kubernetes.io/name\n", "  jobLabel: app.kubernetes.io/component\n", `the scrape job would be "metrics"`},
@@ -97,6 +112,49 @@ func TestEachBreakageIsCaught(t *testing.T) {
 				}
 			}
 			t.Fatalf("no problem mentions %q; got:\n%s", tc.want, strings.Join(problems, "\n"))
+		})
+	}
+}
+
+// Other valid set-ups, made from the example overlay, must pass too (the
+// checks follow the worker's rules, not the example's values).
+func TestValidVariantsPass(t *testing.T) {
+	text, repo := rendered(t)
+	cases := []struct {
+		name     string
+		replaces [][2]string
+	}{
+		{"no pooler, no direct URL: migrate uses DATABASE_URL", [][2]string{
+			{"  DATABASE_POOLER: transaction\n", ""},
+			{"  DATABASE_DIRECT_URL: ", ""}, // a prefix: the whole line goes
+		}},
+		{"pooler in session mode", [][2]string{{"  DATABASE_POOLER: transaction\n", "  DATABASE_POOLER: session\n"}}},
+		{"Kafka CA from the bundled roots", [][2]string{{"  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", ""}}},
+		{"Kafka mutual TLS without SASL", [][2]string{
+			{"  KAFKA_SASL_MECHANISM: SCRAM-SHA-512\n", ""},
+			{"  KAFKA_SECURITY_PROTOCOL: SASL_SSL\n", "  KAFKA_SECURITY_PROTOCOL: ssl\n"},
+			{"  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n", "  KAFKA_SSL_CA_LOCATION: /etc/booking-expiration/tls/ca.crt\n  KAFKA_SSL_CERTIFICATE_LOCATION: /etc/booking-expiration/tls/tls.crt\n  KAFKA_SSL_KEY_LOCATION: /etc/booking-expiration/tls/tls.key\n"},
+		}},
+		{"no span export", [][2]string{{"  OTEL_EXPORTER_OTLP_ENDPOINT: http://otel-collector.observability.svc:4318\n", ""}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			changed := text
+			for _, r := range tc.replaces {
+				if !strings.Contains(changed, r[0]) {
+					t.Fatalf("the rendered manifests no longer contain %q: update this case", r[0])
+				}
+				if r[1] == "" && !strings.HasSuffix(r[0], "\n") {
+					start := strings.Index(changed, r[0])
+					end := start + strings.Index(changed[start:], "\n") + 1
+					changed = changed[:start] + changed[end:]
+					continue
+				}
+				changed = strings.Replace(changed, r[0], r[1], 1)
+			}
+			if problems := validate(t, changed, repo); len(problems) > 0 {
+				t.Fatalf("a valid variant fails:\n%s", strings.Join(problems, "\n"))
+			}
 		})
 	}
 }

@@ -39,9 +39,12 @@ type Repo struct {
 }
 
 var (
-	routeRe    = regexp.MustCompile(`"(/[A-Za-z0-9_./-]*)"\s*=>`)
-	clapEnvRe  = regexp.MustCompile(`env\s*=\s*"([A-Z][A-Z0-9_]*)"`)
-	envVarRe   = regexp.MustCompile(`env::var(?:_os)?\("([A-Z][A-Z0-9_]*)"\)`)
+	routeRe   = regexp.MustCompile(`"(/[A-Za-z0-9_./-]*)"\s*=>`)
+	clapEnvRe = regexp.MustCompile(`env\s*=\s*"([A-Z][A-Z0-9_]*)"`)
+	envVarRe  = regexp.MustCompile(`env::var(?:_os)?\("([A-Z][A-Z0-9_]*)"\)`)
+	// The standard OpenTelemetry variables src/telemetry/trace.rs names (read
+	// through a lookup function, or by the SDK itself).
+	otelVarRe  = regexp.MustCompile(`"(OTEL_[A-Z0-9_]+)"`)
 	jobRe      = regexp.MustCompile(`job="([^"]+)"`)
 	commandRe  = regexp.MustCompile(`(?s)pub enum Command \{(.*?)\n\}`)
 	variantRe  = regexp.MustCompile(`(?m)^    ([A-Z][A-Za-z]*)\s*[({,]`)
@@ -100,7 +103,7 @@ func LoadRepo(root string) (*Repo, error) {
 		if err != nil {
 			return err
 		}
-		for _, re := range []*regexp.Regexp{clapEnvRe, envVarRe} {
+		for _, re := range []*regexp.Regexp{clapEnvRe, envVarRe, otelVarRe} {
 			for _, m := range re.FindAllStringSubmatch(string(data), -1) {
 				repo.EnvVars[m[1]] = true
 			}
