@@ -8,10 +8,13 @@
 //! Why the sink retries itself: rskafka's own retry loops (produce, leader
 //! detection) keep going until their backoff deadline, and after a leader
 //! died they kept reconnecting to its address for that long. Their deadline
-//! is now short ([`RSKAFKA_RETRY_DEADLINE`]); the sink then builds a new
-//! partition client, which asks a live broker who leads the partition now,
-//! and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`] while the call's
-//! budget lasts.
+//! is now short ([`RSKAFKA_RETRY_DEADLINE`]); the sink then refreshes the
+//! client's metadata (rskafka keeps a cached copy it fails to drop when a
+//! broker answers that it no longer leads: during a controlled shutdown it
+//! kept sending to the old leader until that broker closed its port),
+//! builds a new partition client, which finds the partition's leader in
+//! that fresh metadata, and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`]
+//! while the call's budget lasts.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -53,13 +56,20 @@ const TOPIC_POLL: Duration = Duration::from_millis(50);
 /// the same; a metadata request every 10 s costs nothing.
 pub const METADATA_MAX_AGE: Duration = Duration::from_secs(10);
 
-/// Deadline of rskafka's own retry loops (the sum of their backoff
-/// sleeps): short, so a produce or a leader lookup that keeps failing
-/// comes back to the sink, which looks the leader up afresh.
-const RSKAFKA_RETRY_DEADLINE: Duration = Duration::from_millis(500);
+/// First pause of rskafka's own retry loops.
+const RSKAFKA_RETRY_FIRST: Duration = Duration::from_millis(10);
 
-/// First pause before the sink retries a partition whose produce failed.
-pub const RETRY_MIN: Duration = Duration::from_millis(100);
+/// Deadline of rskafka's own retry loops (the sum of their backoff
+/// sleeps): one or two quick retries (a broken connection to the broker it
+/// asks for metadata is replaced), then a produce or a leader lookup that
+/// still fails comes back to the sink, which refreshes the metadata and
+/// looks the leader up afresh. rskafka's retry of NOT_LEADER_OR_FOLLOWER
+/// asks its stale metadata cache again, so a longer deadline only delays.
+const RSKAFKA_RETRY_DEADLINE: Duration = Duration::from_millis(30);
+
+/// First pause before the sink retries a partition whose produce failed
+/// (after a leader change the new leader is usually known at once).
+pub const RETRY_MIN: Duration = Duration::from_millis(20);
 
 /// Longest pause between the sink's retries of a partition.
 pub const RETRY_MAX: Duration = Duration::from_millis(500);
@@ -294,8 +304,8 @@ impl KafkaSink {
         // partition clients retry with it too) and short: the sink retries
         // a failed partition itself, from fresh metadata (module docs).
         let backoff = BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(1),
+            init_backoff: RSKAFKA_RETRY_FIRST,
+            max_backoff: RSKAFKA_RETRY_DEADLINE,
             base: 2.0,
             deadline: Some(RSKAFKA_RETRY_DEADLINE.min(self.settings.request_timeout)),
         };
@@ -687,17 +697,28 @@ async fn produce_partition(
         let mut attempt = Ok(());
         if find_leader {
             sink.count_refresh("leader");
+            // rskafka finds a leader in its cached metadata, which it fails
+            // to drop when a broker says it no longer leads (it did so for
+            // as long as the old leader kept its port open, 1–1.5 s of a
+            // controlled shutdown): a full metadata request (what
+            // `list_topics` sends) replaces that cache first.
             attempt = budget
-                .step(
-                    "leader lookup",
-                    client.partition_client(topic, partition, UnknownTopicHandling::Retry),
-                )
+                .step("metadata", client.list_topics())
                 .await
-                .map(|fresh| {
-                    current = Arc::new(fresh);
-                    outcome.replaced = Some(Arc::clone(&current));
-                    find_leader = false;
-                });
+                .map(|_| ());
+            if attempt.is_ok() {
+                attempt = budget
+                    .step(
+                        "leader lookup",
+                        client.partition_client(topic, partition, UnknownTopicHandling::Retry),
+                    )
+                    .await
+                    .map(|fresh| {
+                        current = Arc::new(fresh);
+                        outcome.replaced = Some(Arc::clone(&current));
+                        find_leader = false;
+                    });
+            }
         }
         let result = match attempt {
             Ok(()) => {
