@@ -477,9 +477,10 @@ async fn rolling_restart(cluster: &Cluster, figures: &mut Vec<String>) {
         steps[0].4 > 0,
         "the flow ended before the first restart step finished"
     );
+    // The goal itself, without slack: measured 0.5–0.8 s per broker.
     assert!(
-        worst < ROLLING_GOAL + SLACK,
-        "rolling restart stalled {worst:?}"
+        worst < ROLLING_GOAL,
+        "rolling restart stalled {worst:?} (goal {ROLLING_GOAL:?})"
     );
 }
 
