@@ -659,8 +659,8 @@ fn leader_suspect(error: &KafkaError) -> bool {
 /// the records (see [`KafkaError::refusal`]); a single record refused so
 /// is [`Delivery::Refused`]. Any other failure is retried after a short
 /// pause ([`RETRY_MIN`] doubling to [`RETRY_MAX`]), through a partition
-/// client built afresh (it asks a live broker for the current leader)
-/// unless the leader itself answered (see [`leader_suspect`]), while the
+/// client built afresh from freshly requested metadata (a live broker
+/// names the current leader) unless the leader itself answered (see [`leader_suspect`]), while the
 /// call's budget lasts; then the rest stay [`Delivery::Pending`]. Halves
 /// go in order, so the partition's records keep their order. A retry
 /// after a lost answer can write a record twice (same `ce_id`, same bytes).

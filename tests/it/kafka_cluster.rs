@@ -349,7 +349,10 @@ async fn three_brokers_under_faults() {
 
     // KAFKA_CLUSTER_SCENARIOS=rolling,… runs only those (to iterate on one).
     let only = std::env::var("KAFKA_CLUSTER_SCENARIOS").ok();
-    let wanted = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|s| s == name));
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|s| s == name))
+    };
     if wanted("kill") {
         leader_killed(&cluster, &mut figures).await;
     }
