@@ -589,6 +589,8 @@ impl KafkaSink {
             ));
         }
         let compression = self.compression();
+        let refreshed = Mutex::new(None);
+        let refreshed = &refreshed;
         let sends = by_partition.into_iter().map(|(partition, records)| {
             let current = Arc::clone(&partitions[partition as usize]);
             let target = Target {
@@ -598,6 +600,7 @@ impl KafkaSink {
                 compression,
                 budget,
                 sink: self,
+                refreshed,
             };
             async move { produce_partition(target, current, records).await }
         });
@@ -634,6 +637,9 @@ struct Target<'a> {
     compression: KafkaCompression,
     budget: &'a Budget,
     sink: &'a KafkaSink,
+    /// When the last metadata refresh of this call started: partitions
+    /// that failed together share one refresh.
+    refreshed: &'a Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Whether the leader is looked up again before retrying after `error`:
@@ -652,6 +658,28 @@ fn leader_suspect(error: &KafkaError) -> bool {
                 | ProtocolError::PolicyViolation
         )
     )
+}
+
+/// Refreshes `client`'s metadata cache (a full metadata request, which is
+/// what `list_topics` sends) unless a refresh started after `failed_at`:
+/// partitions of one call that failed together wait for the refresh in
+/// flight and use it.
+async fn refresh_metadata(
+    client: &Client,
+    budget: &Budget,
+    refreshed: &Mutex<Option<tokio::time::Instant>>,
+    failed_at: tokio::time::Instant,
+) -> Result<(), KafkaError> {
+    let mut last = tokio::time::timeout_at(budget.deadline, refreshed.lock())
+        .await
+        .map_err(|_| budget.timed_out("metadata"))?;
+    if last.is_some_and(|started| started > failed_at) {
+        return Ok(());
+    }
+    let started = tokio::time::Instant::now();
+    budget.step("metadata", client.list_topics()).await?;
+    *last = Some(started);
+    Ok(())
 }
 
 /// Produces one partition's records: one request, split in halves while
@@ -676,6 +704,7 @@ async fn produce_partition(
         compression,
         budget,
         sink,
+        refreshed,
     } = target;
     let mut outcome = PartitionOutcome {
         partition,
@@ -683,6 +712,7 @@ async fn produce_partition(
     };
     let mut pause = RETRY_MIN;
     let mut find_leader = false;
+    let mut failed_at = tokio::time::Instant::now();
     // Chunks still to send, the next one last.
     let mut chunks = vec![records];
     while let Some(mut chunk) = chunks.pop() {
@@ -702,10 +732,7 @@ async fn produce_partition(
             // as long as the old leader kept its port open, 1–1.5 s of a
             // controlled shutdown): a full metadata request (what
             // `list_topics` sends) replaces that cache first.
-            attempt = budget
-                .step("metadata", client.list_topics())
-                .await
-                .map(|_| ());
+            attempt = refresh_metadata(client, budget, refreshed, failed_at).await;
             if attempt.is_ok() {
                 attempt = budget
                     .step(
@@ -784,6 +811,7 @@ async fn produce_partition(
                     find_leader,
                     "produce failed; retrying"
                 );
+                failed_at = tokio::time::Instant::now();
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(RETRY_MAX);
                 chunks.push(chunk);
