@@ -8,10 +8,13 @@
 //! Why the sink retries itself: rskafka's own retry loops (produce, leader
 //! detection) keep going until their backoff deadline, and after a leader
 //! died they kept reconnecting to its address for that long. Their deadline
-//! is now short ([`RSKAFKA_RETRY_DEADLINE`]); the sink then builds a new
-//! partition client, which asks a live broker who leads the partition now,
-//! and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`] while the call's
-//! budget lasts.
+//! is now short ([`RSKAFKA_RETRY_DEADLINE`]); the sink then refreshes the
+//! client's metadata (rskafka keeps a cached copy it fails to drop when a
+//! broker answers that it no longer leads: during a controlled shutdown it
+//! kept sending to the old leader until that broker closed its port),
+//! builds a new partition client, which finds the partition's leader in
+//! that fresh metadata, and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`]
+//! while the call's budget lasts.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -53,13 +56,20 @@ const TOPIC_POLL: Duration = Duration::from_millis(50);
 /// the same; a metadata request every 10 s costs nothing.
 pub const METADATA_MAX_AGE: Duration = Duration::from_secs(10);
 
-/// Deadline of rskafka's own retry loops (the sum of their backoff
-/// sleeps): short, so a produce or a leader lookup that keeps failing
-/// comes back to the sink, which looks the leader up afresh.
-const RSKAFKA_RETRY_DEADLINE: Duration = Duration::from_millis(500);
+/// First pause of rskafka's own retry loops.
+const RSKAFKA_RETRY_FIRST: Duration = Duration::from_millis(10);
 
-/// First pause before the sink retries a partition whose produce failed.
-pub const RETRY_MIN: Duration = Duration::from_millis(100);
+/// Deadline of rskafka's own retry loops (the sum of their backoff
+/// sleeps): one or two quick retries (a broken connection to the broker it
+/// asks for metadata is replaced), then a produce or a leader lookup that
+/// still fails comes back to the sink, which refreshes the metadata and
+/// looks the leader up afresh. rskafka's retry of NOT_LEADER_OR_FOLLOWER
+/// asks its stale metadata cache again, so a longer deadline only delays.
+const RSKAFKA_RETRY_DEADLINE: Duration = Duration::from_millis(30);
+
+/// First pause before the sink retries a partition whose produce failed
+/// (after a leader change the new leader is usually known at once).
+pub const RETRY_MIN: Duration = Duration::from_millis(20);
 
 /// Longest pause between the sink's retries of a partition.
 pub const RETRY_MAX: Duration = Duration::from_millis(500);
@@ -294,8 +304,8 @@ impl KafkaSink {
         // partition clients retry with it too) and short: the sink retries
         // a failed partition itself, from fresh metadata (module docs).
         let backoff = BackoffConfig {
-            init_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(1),
+            init_backoff: RSKAFKA_RETRY_FIRST,
+            max_backoff: RSKAFKA_RETRY_DEADLINE,
             base: 2.0,
             deadline: Some(RSKAFKA_RETRY_DEADLINE.min(self.settings.request_timeout)),
         };
@@ -579,6 +589,8 @@ impl KafkaSink {
             ));
         }
         let compression = self.compression();
+        let refreshed = Mutex::new(None);
+        let refreshed = &refreshed;
         let sends = by_partition.into_iter().map(|(partition, records)| {
             let current = Arc::clone(&partitions[partition as usize]);
             let target = Target {
@@ -588,6 +600,7 @@ impl KafkaSink {
                 compression,
                 budget,
                 sink: self,
+                refreshed,
             };
             async move { produce_partition(target, current, records).await }
         });
@@ -624,6 +637,9 @@ struct Target<'a> {
     compression: KafkaCompression,
     budget: &'a Budget,
     sink: &'a KafkaSink,
+    /// When the last metadata refresh of this call started: partitions
+    /// that failed together share one refresh.
+    refreshed: &'a Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Whether the leader is looked up again before retrying after `error`:
@@ -644,13 +660,35 @@ fn leader_suspect(error: &KafkaError) -> bool {
     )
 }
 
+/// Refreshes `client`'s metadata cache (a full metadata request, which is
+/// what `list_topics` sends) unless a refresh started after `failed_at`:
+/// partitions of one call that failed together wait for the refresh in
+/// flight and use it.
+async fn refresh_metadata(
+    client: &Client,
+    budget: &Budget,
+    refreshed: &Mutex<Option<tokio::time::Instant>>,
+    failed_at: tokio::time::Instant,
+) -> Result<(), KafkaError> {
+    let mut last = tokio::time::timeout_at(budget.deadline, refreshed.lock())
+        .await
+        .map_err(|_| budget.timed_out("metadata"))?;
+    if last.is_some_and(|started| started > failed_at) {
+        return Ok(());
+    }
+    let started = tokio::time::Instant::now();
+    budget.step("metadata", client.list_topics()).await?;
+    *last = Some(started);
+    Ok(())
+}
+
 /// Produces one partition's records: one request, split in halves while
 /// the broker refuses a multi-record request for a reason that is about
 /// the records (see [`KafkaError::refusal`]); a single record refused so
 /// is [`Delivery::Refused`]. Any other failure is retried after a short
 /// pause ([`RETRY_MIN`] doubling to [`RETRY_MAX`]), through a partition
-/// client built afresh (it asks a live broker for the current leader)
-/// unless the leader itself answered (see [`leader_suspect`]), while the
+/// client built afresh from freshly requested metadata (a live broker
+/// names the current leader) unless the leader itself answered (see [`leader_suspect`]), while the
 /// call's budget lasts; then the rest stay [`Delivery::Pending`]. Halves
 /// go in order, so the partition's records keep their order. A retry
 /// after a lost answer can write a record twice (same `ce_id`, same bytes).
@@ -666,6 +704,7 @@ async fn produce_partition(
         compression,
         budget,
         sink,
+        refreshed,
     } = target;
     let mut outcome = PartitionOutcome {
         partition,
@@ -673,6 +712,7 @@ async fn produce_partition(
     };
     let mut pause = RETRY_MIN;
     let mut find_leader = false;
+    let mut failed_at = tokio::time::Instant::now();
     // Chunks still to send, the next one last.
     let mut chunks = vec![records];
     while let Some(mut chunk) = chunks.pop() {
@@ -687,17 +727,25 @@ async fn produce_partition(
         let mut attempt = Ok(());
         if find_leader {
             sink.count_refresh("leader");
-            attempt = budget
-                .step(
-                    "leader lookup",
-                    client.partition_client(topic, partition, UnknownTopicHandling::Retry),
-                )
-                .await
-                .map(|fresh| {
-                    current = Arc::new(fresh);
-                    outcome.replaced = Some(Arc::clone(&current));
-                    find_leader = false;
-                });
+            // rskafka finds a leader in its cached metadata, which it fails
+            // to drop when a broker says it no longer leads (it did so for
+            // as long as the old leader kept its port open, 1–1.5 s of a
+            // controlled shutdown): a full metadata request (what
+            // `list_topics` sends) replaces that cache first.
+            attempt = refresh_metadata(client, budget, refreshed, failed_at).await;
+            if attempt.is_ok() {
+                attempt = budget
+                    .step(
+                        "leader lookup",
+                        client.partition_client(topic, partition, UnknownTopicHandling::Retry),
+                    )
+                    .await
+                    .map(|fresh| {
+                        current = Arc::new(fresh);
+                        outcome.replaced = Some(Arc::clone(&current));
+                        find_leader = false;
+                    });
+            }
         }
         let result = match attempt {
             Ok(()) => {
@@ -763,6 +811,7 @@ async fn produce_partition(
                     find_leader,
                     "produce failed; retrying"
                 );
+                failed_at = tokio::time::Instant::now();
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(RETRY_MAX);
                 chunks.push(chunk);

@@ -97,7 +97,9 @@ impl Flow {
             .env("METRICS_ADDR", &metrics_addr)
             .env(
                 "RUST_LOG",
-                "warn,booking_expiration::outbox::kafka=info,rskafka=warn",
+                std::env::var("KAFKA_CLUSTER_RUST_LOG").unwrap_or_else(|_| {
+                    "warn,booking_expiration::outbox::kafka=info,rskafka=warn".into()
+                }),
             );
         let running = Running::spawn(command);
         progress("seeded; run started");
@@ -139,6 +141,12 @@ impl Flow {
         progress("all published");
         self.running.terminate();
         let status = self.running.wait(Duration::from_secs(30)).await;
+        // To look at what the publisher did during a fault:
+        // KAFKA_CLUSTER_LOG_DIR=… (with KAFKA_CLUSTER_RUST_LOG=…).
+        if let Ok(dir) = std::env::var("KAFKA_CLUSTER_LOG_DIR") {
+            let path = std::path::Path::new(&dir).join(format!("{}.log", self.topic));
+            let _ = std::fs::write(path, self.running.stderr());
+        }
         if status.code() != Some(0) {
             panic!("run exited with {status:?}:\n{}", self.running.stderr());
         }
@@ -339,10 +347,24 @@ async fn three_brokers_under_faults() {
     eprintln!("cluster started in {}", secs(started.elapsed()));
     let mut figures = Vec::new();
 
-    leader_killed(&cluster, &mut figures).await;
-    rolling_restart(&cluster, &mut figures).await;
-    two_brokers_down(&cluster, &mut figures).await;
-    partitions_added(&cluster, &mut figures).await;
+    // KAFKA_CLUSTER_SCENARIOS=rolling,… runs only those (to iterate on one).
+    let only = std::env::var("KAFKA_CLUSTER_SCENARIOS").ok();
+    let wanted = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|s| s == name))
+    };
+    if wanted("kill") {
+        leader_killed(&cluster, &mut figures).await;
+    }
+    if wanted("rolling") {
+        rolling_restart(&cluster, &mut figures).await;
+    }
+    if wanted("down") {
+        two_brokers_down(&cluster, &mut figures).await;
+    }
+    if wanted("partitions") {
+        partitions_added(&cluster, &mut figures).await;
+    }
 
     for line in &figures {
         eprintln!("FIGURES kafka-cluster: {line}");
@@ -458,9 +480,10 @@ async fn rolling_restart(cluster: &Cluster, figures: &mut Vec<String>) {
         steps[0].4 > 0,
         "the flow ended before the first restart step finished"
     );
+    // The goal itself, without slack: measured 0.5–0.8 s per broker.
     assert!(
-        worst < ROLLING_GOAL + SLACK,
-        "rolling restart stalled {worst:?}"
+        worst < ROLLING_GOAL,
+        "rolling restart stalled {worst:?} (goal {ROLLING_GOAL:?})"
     );
 }
 
