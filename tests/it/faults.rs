@@ -446,9 +446,7 @@ async fn broker_stopped_and_restarted_loses_nothing() {
     )
     .await;
     wait_http_status(&addr, "/readyz", 503, Duration::from_secs(30)).await;
-    let waiting = db
-        .count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
-        .await;
+    let waiting = db.unpublished().await;
     assert!(waiting > 0, "rows wait in the outbox");
     assert!(running.child.try_wait().unwrap().is_none());
     kafka.start_again().expect("start Kafka again");

@@ -55,12 +55,7 @@ async fn java_consumer_reads_what_the_worker_expired() {
         .env("KAFKA_TOPIC", &topic)
         .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()));
     let mut running = Running::spawn(publisher);
-    wait_until("the outbox published", Duration::from_secs(60), || async {
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
-            .await
-            == 0
-    })
-    .await;
+    db.wait_all_published(Duration::from_secs(60)).await;
     running.terminate();
     assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
 

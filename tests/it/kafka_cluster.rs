@@ -271,15 +271,7 @@ fn baseline(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Duration {
-    let mut longest = chrono::Duration::zero();
-    for times in acks.values() {
-        for pair in times.windows(2) {
-            if pair[0] >= from && pair[1] <= to {
-                longest = longest.max(pair[1] - pair[0]);
-            }
-        }
-    }
-    longest.to_std().unwrap_or_default()
+    longest_gap(acks, |earlier, later| earlier >= from && later <= to)
 }
 
 /// The longest gap between two consecutive acknowledgements of one
@@ -289,15 +281,22 @@ fn stall(
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Duration {
-    let mut longest = chrono::Duration::zero();
-    for times in acks.values() {
-        for pair in times.windows(2) {
-            if pair[1] >= from && pair[0] <= to {
-                longest = longest.max(pair[1] - pair[0]);
-            }
-        }
-    }
-    longest.to_std().unwrap_or_default()
+    longest_gap(acks, |earlier, later| later >= from && earlier <= to)
+}
+
+/// The longest gap between two consecutive acknowledgements of one
+/// partition among the pairs `counts(earlier, later)` accepts.
+fn longest_gap(
+    acks: &BTreeMap<i32, Vec<DateTime<Utc>>>,
+    counts: impl Fn(DateTime<Utc>, DateTime<Utc>) -> bool,
+) -> Duration {
+    acks.values()
+        .flat_map(|times| times.windows(2))
+        .filter(|pair| counts(pair[0], pair[1]))
+        .map(|pair| pair[1] - pair[0])
+        .max()
+        .and_then(|gap| gap.to_std().ok())
+        .unwrap_or_default()
 }
 
 /// Waits until every partition of `topic` has a leader and all three

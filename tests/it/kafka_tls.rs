@@ -409,12 +409,7 @@ async fn run_over_sasl_ssl_with_scram() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    wait_until("every event published", Duration::from_secs(60), || async {
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
-            .await
-            == 0
-    })
-    .await;
+    db.wait_all_published(Duration::from_secs(60)).await;
     running.terminate();
     assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
     let log = running.stderr();

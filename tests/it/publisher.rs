@@ -87,8 +87,7 @@ async fn publish_until_empty(publisher: &Publisher) -> usize {
 }
 
 async fn unpublished(db: &TestDb) -> i64 {
-    db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
-        .await
+    db.unpublished().await
 }
 
 /// A port nothing listens on.

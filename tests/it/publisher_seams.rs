@@ -86,8 +86,7 @@ async fn expire_into_outbox(db: &TestDb, n: u64) {
 }
 
 async fn unpublished(db: &TestDb) -> i64 {
-    db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
-        .await
+    db.unpublished().await
 }
 
 async fn published(db: &TestDb) -> i64 {

@@ -155,12 +155,7 @@ async fn cycle_and_batch_spans_reach_the_collector_and_the_records_name_them() {
         .env("KAFKA_TOPIC", &topic)
         .env("METRICS_ADDR", &addr);
     let mut running = Running::spawn(publisher);
-    wait_until("the outbox published", Duration::from_secs(60), || async {
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
-            .await
-            == 0
-    })
-    .await;
+    db.wait_all_published(Duration::from_secs(60)).await;
     running.terminate();
     assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
     let records = read_topic(&topic, PARTITIONS).await;

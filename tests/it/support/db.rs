@@ -95,6 +95,20 @@ impl TestDb {
         )
     }
 
+    /// Outbox rows not yet published.
+    pub async fn unpublished(&self) -> i64 {
+        self.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NULL")
+            .await
+    }
+
+    /// Waits until every outbox row is published.
+    pub async fn wait_all_published(&self, timeout: Duration) {
+        super::wait_until("every outbox row published", timeout, || async {
+            self.unpublished().await == 0
+        })
+        .await;
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         let mut conn = self.conn().await;
         testkit::postgres::count(&mut conn, sql)
