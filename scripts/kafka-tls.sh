@@ -77,22 +77,8 @@ listener.name.wrongname.ssl.keystore.location=$tls/wrong-name.keystore.pem
 listener.name.expired.ssl.keystore.location=$tls/expired.keystore.pem
 sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
-log.dirs=$dir/data
-num.partitions=3
-default.replication.factor=1
-min.insync.replicas=1
-auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=3
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=3
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
+$(bash "$KAFKA_SH" topic-defaults "$dir" 1 1)
 num.io.threads=4
-num.recovery.threads.per.data.dir=1
 EOF
 }
 

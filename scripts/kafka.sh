@@ -21,6 +21,7 @@
 #   scripts/kafka.sh consume PORT TOPIC OUTFILE [MAX_MESSAGES] [IDLE_MS]
 #                                               JSON lines, see scripts/kafka/DumpTopic.java
 #   scripts/kafka.sh classpath                  print the classpath ("$LIBS/*")
+#   scripts/kafka.sh topic-defaults DIR RF ISR  the server.properties lines all test brokers share
 #   scripts/kafka.sh add-partitions PORT TOPIC N
 #                                               grow TOPIC to N partitions
 #   scripts/kafka.sh describe-topic HOST:PORT[,HOST:PORT...] TOPIC
@@ -153,6 +154,30 @@ pid_of() { # DIR -> pid of its running broker, or nothing (exit 1)
 
 abs_dir() { mkdir -p "$1" && (cd "$1" && pwd -P); }
 
+# topic_defaults DIR RF ISR: the server.properties lines every test broker shares (one
+# node or three, plaintext or TLS): data folder, replication of topics and of Kafka's
+# internal topics, small thread pools for a 2-core machine.
+topic_defaults() {
+  local dir="$1" rf="$2" isr="$3"
+  cat <<EOF
+log.dirs=$dir/data
+num.partitions=3
+default.replication.factor=$rf
+min.insync.replicas=$isr
+auto.create.topics.enable=false
+offsets.topic.replication.factor=$rf
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=$isr
+transaction.state.log.num.partitions=3
+share.coordinator.state.topic.replication.factor=$rf
+share.coordinator.state.topic.min.isr=$isr
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.recovery.threads.per.data.dir=1
+EOF
+}
+
 write_config() { # DIR PORT
   local dir="$1" port="$2" cport=$(( $2 + 1 ))
   cat >"$dir/server.properties" <<EOF
@@ -165,22 +190,8 @@ advertised.listeners=PLAINTEXT://127.0.0.1:$port
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$dir/data
-num.partitions=3
-default.replication.factor=1
-min.insync.replicas=1
-auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=3
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=3
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
+$(topic_defaults "$dir" 1 1)
 num.io.threads=4
-num.recovery.threads.per.data.dir=1
 log.retention.hours=168
 EOF
 }
@@ -361,27 +372,13 @@ advertised.listeners=PLAINTEXT://127.0.0.1:$port
 inter.broker.listener.name=PLAINTEXT
 controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$dir/data
-num.partitions=3
-default.replication.factor=3
-min.insync.replicas=2
-auto.create.topics.enable=false
+$(topic_defaults "$dir" 3 2)
 unclean.leader.election.enable=false
-offsets.topic.replication.factor=3
-offsets.topic.num.partitions=3
-transaction.state.log.replication.factor=3
-transaction.state.log.min.isr=2
-transaction.state.log.num.partitions=3
-share.coordinator.state.topic.replication.factor=3
-share.coordinator.state.topic.min.isr=2
-group.initial.rebalance.delay.ms=0
 broker.session.timeout.ms=6000
 broker.heartbeat.interval.ms=1000
 replica.lag.time.max.ms=5000
-num.network.threads=2
 num.io.threads=2
 num.replica.fetchers=1
-num.recovery.threads.per.data.dir=1
 log.retention.hours=168
 EOF
 }
@@ -543,6 +540,7 @@ main() {
   case "$cmd" in
     fetch) [[ $# -eq 0 ]] || usage; check_java; cmd_fetch; echo "$LIBS" ;;
     start) cmd_start "$@" ;;
+    topic-defaults) topic_defaults "$@" ;;
     stop) cmd_stop "$@" ;;
     status) cmd_status "$@" ;;
     create-topic) cmd_create_topic "$@" ;;
