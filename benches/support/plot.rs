@@ -144,16 +144,24 @@ fn tick(v: f64) -> String {
 fn log_range(values: impl Iterator<Item = f64>) -> Range<f64> {
     let (lo, hi) = values
         .filter(|v| *v > 0.0 && v.is_finite())
-        .fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        .fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| {
+            (lo.min(v), hi.max(v))
+        });
     if hi <= 0.0 {
         return 0.1..10.0;
     }
-    10f64.powf(lo.log10().floor())..10f64.powf(hi.log10().ceil() + 1.0)
+    // A little below the lowest decade, so that its label is drawn.
+    10f64.powf(lo.log10().floor()) * 0.8..10f64.powf(hi.log10().ceil() + 1.0)
 }
 
 fn draw_bar_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &BarPanel) -> Result<()> {
     let err = |e: &dyn std::fmt::Debug| anyhow!("plot: {e:?}");
-    let ys = log_range(panel.bars.iter().flat_map(|b| b.values.iter().flatten().copied()));
+    let ys = log_range(
+        panel
+            .bars
+            .iter()
+            .flat_map(|b| b.values.iter().flatten().copied()),
+    );
     let floor = ys.start;
     let n = panel.categories.len();
     // Category i is centred on x = i; its bars share 0.7 of the unit.
@@ -167,7 +175,11 @@ fn draw_bar_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &BarPanel) -
     let category = |x: &f64| {
         let i = x.round();
         if (x - i).abs() < 1e-9 && i >= 0.0 {
-            panel.categories.get(i as usize).cloned().unwrap_or_default()
+            panel
+                .categories
+                .get(i as usize)
+                .cloned()
+                .unwrap_or_default()
         } else {
             String::new()
         }
