@@ -1,19 +1,20 @@
 //! `cargo bench --bench throughput`: the worker and the publisher against
 //! baselines measured in the same run, on a PostgreSQL cluster (default
 //! settings: fsync and synchronous commit on) and a Kafka 4.4.0 broker that
-//! this program starts itself. Writes `results.json` and `scaling.svg`
-//! (default folder `docs/bench`, or `BENCH_OUT`) and prints the tables.
+//! this program starts itself. Writes `results.json`, `scaling.svg` and
+//! `deadline-wake.svg` (default folder `docs/bench`, or `BENCH_OUT`) and
+//! prints the tables.
 //! `BENCH_QUICK=1` runs fewer repetitions and writes to a temporary folder
 //! unless `BENCH_OUT` is set. `BENCH_ONLY=lateness,statements` measures only
 //! those figures and keeps the others of the `results.json` it replaces.
 //! `BENCH_RENDER_ONLY=path/to/results.json`
-//! measures nothing: it prints the tables of that file. See
-//! docs/benchmarks.md.
+//! measures nothing: it prints the tables of that file and redraws
+//! `deadline-wake.svg` beside it. See docs/benchmarks.md.
 //!
 //! Layout: `main.rs` runs the figures in order and writes their one
 //! [`results::Results`]; `figures/` holds one module per figure, each
 //! returning its typed result; `render.rs` is the only code that formats
-//! them; `scaling.rs` draws the plot; `templates.rs` seeds the data every
+//! them; `scaling.rs` and `wake_plot.rs` draw the plots; `templates.rs` seeds the data every
 //! figure copies; `phase_sql.rs` is the one place the bench spells out the
 //! phases in SQL. Bench-only plumbing (services, statistics, the SVG
 //! backend) is in `benches/support/`; what the tests share lives in
@@ -28,6 +29,7 @@ mod render;
 mod results;
 mod scaling;
 mod templates;
+mod wake_plot;
 
 use std::{
     collections::BTreeMap,
@@ -63,10 +65,23 @@ async fn main() {
     }
 }
 
-/// Prints the tables of a recorded run, measuring nothing.
+/// Prints the tables of a recorded run and redraws its deadline wake-up
+/// plot beside it, measuring nothing.
 fn render_only(path: &Path) -> Result<()> {
-    print!("{}", render::report(&Results::read(path)?));
+    let results = Results::read(path)?;
+    print!("{}", render::report(&results));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    draw_wake_plot(&results, dir);
     Ok(())
+}
+
+/// `deadline-wake.svg` into `dir`; a missing figure is reported, not fatal.
+fn draw_wake_plot(results: &Results, dir: &Path) {
+    let svg_path = dir.join(wake_plot::FILE);
+    match wake_plot::draw(results, &svg_path) {
+        Ok(()) => progress!("wrote {}", svg_path.display()),
+        Err(error) => progress!("{} not drawn: {error:#}", wake_plot::FILE),
+    }
 }
 
 /// The PostgreSQL settings the results record.
@@ -114,7 +129,8 @@ fn selected_figures() -> Result<Vec<&'static str>> {
 /// Measures the selected figures (in an order that keeps the passes with
 /// `pg_stat_statements`, which restart PostgreSQL, last), writes
 /// `results.json` (over the previous one's other figures when `BENCH_ONLY`
-/// limits the run) and `scaling.svg`, and prints the tables.
+/// limits the run), `scaling.svg` and `deadline-wake.svg` (each when the
+/// run measured a figure it shows), and prints the tables.
 async fn run() -> Result<()> {
     let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
     let mode = if quick { "quick" } else { "full" };
@@ -300,6 +316,9 @@ async fn run() -> Result<()> {
             Ok(()) => progress!("wrote {}", svg_path.display()),
             Err(error) => progress!("scaling.svg not drawn: {error:#}"),
         }
+    }
+    if wake_plot::FIGURES.iter().any(|f| wants(f)) {
+        draw_wake_plot(&results, &out_dir);
     }
     progress!("wrote {}", json_path.display());
     drop(svc);
