@@ -97,14 +97,26 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
 
 /// Draws `panels` in a 2 x 2 grid under `title` into `path`.
 pub fn draw(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
-    let root = SVGBackend::new(path, (1200, 860)).into_drawing_area();
+    draw_grid(path, (1200, 860), title, (2, 2), panels, draw_panel)
+}
+
+/// One SVG of `size` with `title` over a `grid` (rows, columns) of
+/// `panels`, each drawn by `draw_one`.
+fn draw_grid<P>(
+    path: &Path,
+    size: (u32, u32),
+    title: &str,
+    grid: (usize, usize),
+    panels: &[P],
+    draw_one: impl Fn(&DrawingArea<SVGBackend<'_>, Shift>, &P) -> Result<()>,
+) -> Result<()> {
+    let root = SVGBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("plot: {e:?}"))?;
     let root = root
         .titled(title, ("sans-serif", 18))
         .map_err(|e| anyhow!("plot: {e:?}"))?;
-    let areas = root.split_evenly((2, 2));
-    for (area, panel) in areas.iter().zip(panels) {
-        draw_panel(area, panel)?;
+    for (area, panel) in root.split_evenly(grid).iter().zip(panels) {
+        draw_one(area, panel)?;
     }
     root.present().map_err(|e| anyhow!("plot: {e:?}"))?;
     Ok(())
@@ -237,15 +249,13 @@ fn draw_bar_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &BarPanel) -
 
 /// Draws `panels` side by side under `title` into `path`.
 pub fn draw_bars(path: &Path, title: &str, panels: &[BarPanel]) -> Result<()> {
-    let root = SVGBackend::new(path, (1200, 520)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow!("plot: {e:?}"))?;
-    let root = root
-        .titled(title, ("sans-serif", 18))
-        .map_err(|e| anyhow!("plot: {e:?}"))?;
-    let areas = root.split_evenly((1, panels.len().max(1)));
-    for (area, panel) in areas.iter().zip(panels) {
-        draw_bar_panel(area, panel)?;
-    }
-    root.present().map_err(|e| anyhow!("plot: {e:?}"))?;
-    Ok(())
+    let columns = panels.len().max(1);
+    draw_grid(
+        path,
+        (1200, 520),
+        title,
+        (1, columns),
+        panels,
+        draw_bar_panel,
+    )
 }
