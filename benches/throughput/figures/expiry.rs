@@ -423,9 +423,11 @@ pub struct WrittenRows {
     pub headers_bytes: Option<f64>,
 }
 
-pub async fn written_rows(url: &str) -> Result<WrittenRows> {
+/// What `side` wrote into the database at `url`, checked: one audit row
+/// and one outbox row per booking it `expired`.
+pub async fn written_rows(url: &str, side: Side, expired: u64) -> Result<WrittenRows> {
     let mut conn = AsyncPgConnection::establish(url).await?;
-    Ok(diesel::sql_query(
+    let rows: WrittenRows = diesel::sql_query(
         "SELECT (SELECT count(*) FROM booking_expiration_audit)::bigint AS audit,
                 count(*)::bigint AS outbox,
                 avg(octet_length(payload))::float8 AS payload_bytes,
@@ -433,7 +435,14 @@ pub async fn written_rows(url: &str) -> Result<WrittenRows> {
            FROM booking_expiration_outbox",
     )
     .get_result(&mut conn)
-    .await?)
+    .await?;
+    ensure!(
+        rows.audit as u64 == expired && rows.outbox as u64 == expired,
+        "{side:?}: {expired} expired but {} audit and {} outbox rows",
+        rows.audit,
+        rows.outbox
+    );
+    Ok(rows)
 }
 
 /// Per-database activity counters (read after the measured sessions
@@ -504,14 +513,7 @@ async fn measure_once(
         None
     };
     let run = expire_all(&url, side, set.as_of, batch, instances, set.due).await?;
-    let rows = written_rows(&url).await?;
-    ensure!(
-        rows.audit as u64 == run.expired && rows.outbox as u64 == run.expired,
-        "{side:?}: {} expired but {} audit and {} outbox rows",
-        run.expired,
-        rows.audit,
-        rows.outbox
-    );
+    let rows = written_rows(&url, side, run.expired).await?;
     let activity = match before {
         Some(before) => {
             svc.wait_idle(&db).await?;
