@@ -140,15 +140,8 @@ pub async fn lateness(svc: &Services, quick: bool) -> Result<Lateness> {
     );
     let loadavg_at_start = loadavg();
     let modes = [Mode::DeadlineDriven, Mode::Fixed];
-    let mut dbs = Vec::new();
-    for mode in modes {
-        dbs.push(fresh_db(svc, &format!("late_{}", mode_name(mode))).await?);
-    }
-    let first = wall_now() + LEAD;
-    let last = first + secs(load.spread_s);
-    for db in &dbs {
-        insert_spread(&svc.url_of(db), load, first).await?;
-    }
+    let names = modes.map(|mode| format!("late_{}", mode_name(mode)));
+    let (dbs, _, last) = spread_dbs(svc, &names, load).await?;
     let mut instances = Vec::new();
     for (mode, db) in modes.iter().zip(&dbs) {
         instances.push(Some(Instance::spawn(
@@ -342,15 +335,11 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     );
     profile::enable_pg_stat_statements(svc).await?;
     let loadavg_at_start = loadavg();
-    let mut dbs = Vec::new();
-    for (mode, n) in configs {
-        dbs.push(fresh_db(svc, &format!("stmt_{}_{n}", mode_name(mode))).await?);
-    }
-    let first = wall_now() + LEAD;
-    let last = first + secs(load.spread_s);
-    for db in &dbs {
-        insert_spread(&svc.url_of(db), load, first).await?;
-    }
+    let names: Vec<String> = configs
+        .iter()
+        .map(|(mode, n)| format!("stmt_{}_{n}", mode_name(*mode)))
+        .collect();
+    let (dbs, first, last) = spread_dbs(svc, &names, load).await?;
     let mut instances = Vec::new();
     for ((mode, n), db) in configs.iter().zip(&dbs) {
         for k in 0..*n {
@@ -729,6 +718,26 @@ async fn fresh_db(svc: &Services, name: &str) -> Result<String> {
 
 /// `load.bookings` active bookings, deadlines spread from `first` over
 /// `load.spread_s`; then `ANALYZE`.
+/// A fresh database per name, each with the same `load` of deadlines
+/// spread from `first` (a lead from now) to `last`; returns them with
+/// `first` and `last`.
+async fn spread_dbs(
+    svc: &Services,
+    names: &[String],
+    load: Load,
+) -> Result<(Vec<String>, DateTime<Utc>, DateTime<Utc>)> {
+    let mut dbs = Vec::new();
+    for name in names {
+        dbs.push(fresh_db(svc, name).await?);
+    }
+    let first = wall_now() + LEAD;
+    let last = first + secs(load.spread_s);
+    for db in &dbs {
+        insert_spread(&svc.url_of(db), load, first).await?;
+    }
+    Ok((dbs, first, last))
+}
+
 async fn insert_spread(url: &str, load: Load, first: DateTime<Utc>) -> Result<()> {
     let mut conn = AsyncPgConnection::establish(url).await?;
     let n = diesel::sql_query(spread_insert_sql())
