@@ -50,7 +50,7 @@ fn out(text: &str) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
         Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => Ok(other.context("cannot write to stdout")?),
+        other => other.context("cannot write to stdout"),
     }
 }
 
