@@ -12,6 +12,7 @@ use super::{
     ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
+    secret::Secret,
 };
 
 #[derive(Debug, Parser)]
@@ -268,9 +269,10 @@ pub struct KafkaArgs {
         id = "KAFKA_SASL_PASSWORD",
         long = "kafka-sasl-password",
         env = "KAFKA_SASL_PASSWORD",
-        hide_env_values = true
+        hide_env_values = true,
+        value_parser = setting(super::secret::parse)
     )]
-    pub kafka_sasl_password: Option<String>,
+    pub kafka_sasl_password: Option<Secret>,
     /// PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (any case); unset =
     /// SASL_PLAINTEXT with a SASL mechanism, PLAINTEXT without.
     #[arg(id = "KAFKA_SECURITY_PROTOCOL", long = "kafka-security-protocol", env = "KAFKA_SECURITY_PROTOCOL",

@@ -12,6 +12,7 @@ pub mod bookings;
 pub mod migrate;
 pub mod outbox;
 mod pool;
+pub mod privileges;
 pub mod replay;
 pub mod seed;
 pub mod tls;
@@ -39,6 +40,9 @@ pub enum DbError {
     Migration(String),
     #[error("cannot encode a value for PostgreSQL: {0}")]
     Encode(String),
+    /// A grant the role needs is missing ([`privileges::check`]).
+    #[error(transparent)]
+    MissingGrant(#[from] privileges::MissingGrant),
 }
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for DbError {

@@ -331,10 +331,7 @@ pub async fn connect(
     pooler: Pooler,
 ) -> Result<AsyncPgConnection, ConnectionError> {
     let tls = url.tls();
-    let config: tokio_postgres::Config = url
-        .connect_url()
-        .parse()
-        .map_err(|e: tokio_postgres::Error| ConnectionError::BadConnection(e.to_string()))?;
+    let config = url.config();
     let tls_usable = cpu_supported();
     if !tls_usable && matches!(tls.mode, SslMode::Allow | SslMode::Prefer) {
         static WARNED: Once = Once::new();
@@ -343,24 +340,24 @@ pub async fn connect(
         });
     }
     let result = match tls.mode {
-        SslMode::Disable => plain(&config, pooler).await,
-        SslMode::Allow => match plain(&config, pooler).await {
+        SslMode::Disable => plain(config, pooler).await,
+        SslMode::Allow => match plain(config, pooler).await {
             Err(first) if tls_usable && first.retry_other_mode() => {
-                encrypted(&config, tls, WireSslMode::Require, pooler)
+                encrypted(config, tls, WireSslMode::Require, pooler)
                     .await
                     .map_err(|second| Failure::Setup(both(tls, &first, &second, "with TLS")))
             }
             other => other,
         },
-        SslMode::Prefer if !tls_usable => plain(&config, pooler).await,
-        SslMode::Prefer => match encrypted(&config, tls, WireSslMode::Prefer, pooler).await {
-            Err(first) if first.retry_other_mode() => plain(&config, pooler)
+        SslMode::Prefer if !tls_usable => plain(config, pooler).await,
+        SslMode::Prefer => match encrypted(config, tls, WireSslMode::Prefer, pooler).await {
+            Err(first) if first.retry_other_mode() => plain(config, pooler)
                 .await
                 .map_err(|second| Failure::Setup(both(tls, &first, &second, "without TLS"))),
             other => other,
         },
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-            encrypted(&config, tls, WireSslMode::Require, pooler).await
+            encrypted(config, tls, WireSslMode::Require, pooler).await
         }
     };
     result.map_err(|failure| match failure {
