@@ -270,6 +270,9 @@ pub struct KafkaArgs {
         long = "kafka-sasl-password",
         env = "KAFKA_SASL_PASSWORD",
         hide_env_values = true,
+        // A password may start with '-': a value, never a flag (clap's
+        // usage error would quote it).
+        allow_hyphen_values = true,
         value_parser = setting(super::secret::parse)
     )]
     pub kafka_sasl_password: Option<Secret>,
@@ -644,6 +647,72 @@ mod tests {
             .unwrap_err();
             assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
             assert!(error.problem.contains("cannot read"), "{error}");
+        }
+    }
+
+    /// Percent-encodes every byte but the unreserved ones.
+    fn encoded(text: &str) -> String {
+        text.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// `Debug` of the parsed command line and of the settings (what a
+        /// panic message or a `{:?}` in a log would print), and every
+        /// setting error, hold neither the database password (in the URL
+        /// raw, or percent-encoded) nor `KAFKA_SASL_PASSWORD`.
+        #[test]
+        fn no_debug_of_the_settings_holds_a_secret(
+            secret in "[ -~é€]{10,30}",
+            raw in proptest::bool::ANY,
+        ) {
+            let written = if raw { secret.clone() } else { encoded(&secret) };
+            let url = format!("postgres://app:{written}@db.example:5432/crm?sslmode=require");
+            let direct = format!("postgres://app@db.example/crm?password={}", encoded(&secret));
+            let args = [
+                "run", "--database-url", &url, "--database-direct-url", &direct,
+                "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
+                "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
+            ];
+            let forms = [secret.clone(), encoded(&secret)];
+            let hidden = |text: String| {
+                for form in &forms {
+                    proptest::prop_assert!(!text.contains(form.as_str()), "{}", text);
+                }
+                Ok(())
+            };
+            match parse(&args) {
+                Ok(command) => {
+                    hidden(format!("{command:?}"))?;
+                    let Command::Run(run_args) = command else {
+                        panic!("not run");
+                    };
+                    match Settings::from_args(run_args) {
+                        Ok(settings) => hidden(format!("{settings:?}"))?,
+                        Err(error) => hidden(format!("{error} {error:?}"))?,
+                    }
+                }
+                Err(error) => {
+                    let config = ConfigError::from_clap(&error).expect("a setting error");
+                    hidden(format!("{config} {config:?}"))?;
+                }
+            }
+            // A bad setting beside the secrets: the exit-2 line.
+            let mut bad = args.to_vec();
+            bad.extend(["--expiration-batch-size", "0"]);
+            let error = parse(&bad).err().and_then(|e| ConfigError::from_clap(&e));
+            if let Some(error) = error {
+                hidden(format!("{error} {error:?}"))?;
+            }
         }
     }
 }

@@ -34,7 +34,9 @@ pub enum DbError {
     ConnectTimeout(Duration),
     #[error("no pooled PostgreSQL connection: {0}")]
     Pool(String),
-    #[error("statement failed")]
+    /// A statement failed; a grant missing at run time (revoked after the
+    /// start check, SQLSTATE 42501) is said to be one.
+    #[error("statement failed{}", privileges::hint(.0))]
     Query(#[from] diesel::result::Error),
     #[error("migration failed: {0}")]
     Migration(String),

@@ -195,6 +195,22 @@ async fn first_missing(conn: &mut AsyncPgConnection, uses: &[Use]) -> Result<(),
     }
 }
 
+/// PostgreSQL's insufficient_privilege (42501), told by its message
+/// ("permission denied for table bookings"; diesel keeps no SQLSTATE), as
+/// the words that say what to do; empty for any other error. The message
+/// itself, which names the table, follows in the error's cause.
+pub fn hint(error: &diesel::result::Error) -> &'static str {
+    match error {
+        diesel::result::Error::DatabaseError(_, info)
+            if info.message().starts_with("permission denied for ") =>
+        {
+            " (the database role lacks a grant; docs/security.md and \
+             deploy/postgres/grants.sql list the worker's grants)"
+        }
+        _ => "",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,5 +256,22 @@ mod tests {
         for grant in GRANTS {
             assert!(!grant.needed_by.is_empty(), "{grant:?}");
         }
+    }
+
+    #[test]
+    fn a_permission_error_at_run_time_points_to_the_grants() {
+        use diesel::result::{DatabaseErrorKind, Error};
+        let denied = Error::DatabaseError(
+            DatabaseErrorKind::Unknown,
+            Box::new("permission denied for table bookings".to_owned()),
+        );
+        let error = DbError::Query(denied);
+        assert_eq!(
+            error.to_string(),
+            "statement failed (the database role lacks a grant; docs/security.md and \
+             deploy/postgres/grants.sql list the worker's grants)"
+        );
+        let other = DbError::Query(Error::NotFound);
+        assert_eq!(other.to_string(), "statement failed");
     }
 }

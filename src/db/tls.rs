@@ -65,20 +65,34 @@ pub fn validate(tls: &PgTls) -> Result<(), TlsFileError> {
 
 /// The rustls configuration for one new connection, the files read now.
 pub fn client_config(tls: &PgTls) -> Result<ClientConfig, TlsFileError> {
+    client_config_trusting(tls, crate::tls::bundled_roots)
+}
+
+/// [`client_config`] with `public_roots` in place of the bundled webpki
+/// roots (what `verify-full` without `sslrootcert`, and
+/// `sslrootcert=system`, trust). Production passes
+/// [`crate::tls::bundled_roots`]; `tests/it/pg_tls.rs` adds a private CA
+/// to them, standing for a public CA that signed a certificate for another
+/// host. Nothing outside the process can reach this parameter.
+pub fn client_config_trusting(
+    tls: &PgTls,
+    public_roots: impl FnOnce() -> RootCertStore,
+) -> Result<ClientConfig, TlsFileError> {
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match tls.verify() {
         Verify::Nothing => Arc::new(NoCertificateCheck {
             provider: Arc::clone(&provider),
         }),
         Verify::Chain => Arc::new(ChainOnly {
-            roots: root_store(tls)?,
+            roots: root_store(tls, public_roots)?,
             provider: Arc::clone(&provider),
         }),
-        Verify::ChainAndName => {
-            WebPkiServerVerifier::builder_with_provider(root_store(tls)?, Arc::clone(&provider))
-                .build()
-                .map_err(|e| root_error(tls, format!("no usable root certificate ({e})")))?
-        }
+        Verify::ChainAndName => WebPkiServerVerifier::builder_with_provider(
+            root_store(tls, public_roots)?,
+            Arc::clone(&provider),
+        )
+        .build()
+        .map_err(|e| root_error(tls, format!("no usable root certificate ({e})")))?,
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -108,12 +122,18 @@ fn root_error(tls: &PgTls, problem: String) -> TlsFileError {
     }
 }
 
-/// The trusted roots: the `sslrootcert` file, else the bundled webpki roots
-/// (Mozilla's CA list; a `FROM scratch` image has no system store).
-fn root_store(tls: &PgTls) -> Result<Arc<RootCertStore>, TlsFileError> {
+/// The trusted roots: the `sslrootcert` file, else the public roots (the
+/// bundled webpki roots, Mozilla's CA list; a `FROM scratch` image has no
+/// system store). Only `verify-full` and `sslrootcert=system` come here
+/// without a file (`verify-ca` without one is refused at start): with
+/// public roots the host name is always checked.
+fn root_store(
+    tls: &PgTls,
+    public_roots: impl FnOnce() -> RootCertStore,
+) -> Result<Arc<RootCertStore>, TlsFileError> {
     Ok(Arc::new(match &tls.root {
         RootCerts::File(path) => crate::tls::root_store_from("sslrootcert", path)?,
-        RootCerts::Unset | RootCerts::System => crate::tls::bundled_roots(),
+        RootCerts::Unset | RootCerts::System => public_roots(),
     }))
 }
 

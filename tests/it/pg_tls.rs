@@ -303,7 +303,7 @@ async fn bad_cases_fail_clearly_and_readyz_follows() {
     );
     // No sslrootcert: the bundled public roots do not know the test CA.
     assert_fails_clearly(
-        &server.url("127.0.0.1", "postgres", "sslmode=verify-ca"),
+        &server.url("127.0.0.1", "postgres", "sslmode=verify-full"),
         &secrets,
         "not signed by a CA in the bundled webpki roots",
     );
@@ -542,4 +542,86 @@ async fn several_hosts_each_checked_against_its_own_name() {
         &[&server.password],
         "the server's certificate is not valid for the host name in DATABASE_URL",
     );
+}
+
+/// libpq refuses `verify-ca` without a root certificate file, and with
+/// `sslrootcert=system`: both refuse to start (exit 2), one line naming
+/// sslrootcert, before any connection. Before issue 25, `verify-ca` without
+/// a file checked the chain against the bundled public roots without the
+/// host name: any publicly trusted certificate for any name passed.
+#[test]
+fn verify_ca_without_a_root_file_refuses_to_start() {
+    for (query, expected) in [
+        (
+            "sslmode=verify-ca",
+            "DATABASE_URL: sslmode=verify-ca needs sslrootcert=FILE",
+        ),
+        (
+            "sslmode=verify-ca&sslrootcert=",
+            "DATABASE_URL: sslmode=verify-ca needs sslrootcert=FILE",
+        ),
+        (
+            "sslmode=verify-ca&sslrootcert=system",
+            "DATABASE_URL: sslmode=verify-ca may not be used with sslrootcert=system",
+        ),
+    ] {
+        let url = format!("postgres://u:pw-s3cret-9@127.0.0.1:9/db?{query}");
+        for command in ["once", "status", "migrate"] {
+            let (code, _, stderr, _) = run_binary(&url, &[command]);
+            assert_eq!(code, Some(2), "{query}: {stderr}");
+            assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+            assert!(stderr.contains(expected), "{expected:?} in: {stderr}");
+            assert!(!stderr.contains("pw-s3cret-9"), "{stderr}");
+        }
+    }
+}
+
+/// A certificate from a CA in the public root set, issued for another
+/// host: what an attacker who bought a certificate for their own name
+/// shows. The test's CA stands for the public CA, added to the bundled
+/// roots where production trusts them ([`db::tls::client_config_trusting`]);
+/// the server shows `wrong-name.crt` (that CA's, for db.example.invalid).
+/// verify-full refuses it for 127.0.0.1 and localhost (and takes it for the
+/// name it was issued to: the CA is trusted); verify-ca never gets that far
+/// (no root file: refused at start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_cas_certificate_for_another_host_is_refused() {
+    use booking_expiration::tls::bundled_roots;
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    use tokio_postgres_rustls::MakeRustlsConnect;
+
+    let server = TlsServer::start("wrong-name").await;
+    let public_ca = CertificateDer::from_pem_file(server.file("ca.crt")).expect("the CA");
+    let public_roots = || {
+        let mut roots = bundled_roots();
+        roots.add(public_ca.clone()).expect("a CA certificate");
+        roots
+    };
+    let connect = async |url: &str| {
+        let url = DatabaseUrl::parse(url).expect("a valid URL");
+        let tls = db::tls::client_config_trusting(url.tls(), public_roots).expect("TLS config");
+        let mut config = url.config().clone();
+        config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        config
+            .connect(MakeRustlsConnect::new(tls))
+            .await
+            .map(drop)
+            .map_err(|e| format!("{e:?}"))
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let error = connect(&server.url(host, "postgres", "sslmode=verify-full"))
+            .await
+            .expect_err("a certificate for another name");
+        assert!(error.contains("NotValidForName"), "{host}: {error}");
+    }
+    // The same certificate, asked for by its own name, passes: the refusal
+    // above is the name, not an unknown CA.
+    let own_name = format!(
+        "postgres://postgres:{}@db.example.invalid:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-full",
+        server.password, server.port
+    );
+    connect(&own_name).await.expect("its own name");
+    let error = DatabaseUrl::parse(&server.url("127.0.0.1", "postgres", "sslmode=verify-ca"))
+        .expect_err("verify-ca without a root file");
+    assert!(error.problem.contains("needs sslrootcert=FILE"), "{error}");
 }
