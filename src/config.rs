@@ -860,11 +860,14 @@ mod tests {
 
     #[test]
     fn database_url_parameters_tokio_postgres_refuses_are_named() {
-        let err = DatabaseUrl::parse("postgres://u:s3cret@h/db?sslsni=1").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "DATABASE_URL: invalid connection string (unknown option `sslsni`)"
-        );
+        for option in ["sslsni", "gssencmode", "sslpassword", "service", "passfile"] {
+            let err =
+                DatabaseUrl::parse(&format!("postgres://u:s3cret@h/db?{option}=1")).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("DATABASE_URL: invalid connection string (unknown option `{option}`)")
+            );
+        }
         let err =
             DatabaseUrl::parse("postgres://u:s3cret@h/db?connect_timeout=s3cret").unwrap_err();
         assert!(err.problem.contains("`connect_timeout`"), "{err}");

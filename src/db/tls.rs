@@ -38,8 +38,41 @@ use crate::config::{
 pub use crate::tls::{TlsFileError, cpu_supported};
 use crate::tls::{key_problem, load_certs, provider};
 
+/// `sslkey`, after libpq's check of who else may read it.
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
+    if let Ok(metadata) = std::fs::metadata(path) {
+        key_file_mode(path, &metadata)?;
+    }
     crate::tls::load_key("sslkey", path)
+}
+
+/// libpq's rule for the private key file (`fe-secure-openssl.c`): a regular
+/// file, with no access for group or others (0600 or less), except that a
+/// file root owns may be read by its group (0640 or less: a secret volume's
+/// files, root's, shared with the pod's group).
+fn key_file_mode(path: &Path, metadata: &std::fs::Metadata) -> Result<(), TlsFileError> {
+    use std::os::unix::fs::MetadataExt as _;
+    if !metadata.is_file() {
+        return Err(TlsFileError::new("sslkey", path, "is not a regular file"));
+    }
+    let mode = metadata.mode();
+    let too_open = if metadata.uid() == 0 {
+        mode & 0o037 != 0
+    } else {
+        mode & 0o077 != 0
+    };
+    if too_open {
+        return Err(TlsFileError::new(
+            "sslkey",
+            path,
+            format!(
+                "has group or world access (mode {:04o}): it must be 0600 or less, or 0640 \
+                 or less when root owns it (libpq's rule)",
+                mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks at start what [`client_config`] will read for every connection:
@@ -465,4 +498,42 @@ where
         .await
         .map_err(|e| Failure::Setup(ConnectionError::CouldntSetupConfiguration(e)))?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused_as_libpq_does() {
+        let dir = std::env::temp_dir().join(format!("key-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("tls.key");
+        std::fs::write(&key, "not read").unwrap();
+        let mode_of = |mode: u32| {
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+            key_file_mode(&key, &std::fs::metadata(&key).unwrap())
+        };
+        let root = std::fs::metadata(&key).map(|m| {
+            use std::os::unix::fs::MetadataExt as _;
+            m.uid() == 0
+        });
+        assert_eq!(mode_of(0o600), Ok(()));
+        assert_eq!(mode_of(0o400), Ok(()));
+        let error = mode_of(0o644).unwrap_err();
+        assert!(
+            error
+                .problem
+                .starts_with("has group or world access (mode 0644)"),
+            "{error}"
+        );
+        assert!(mode_of(0o604).is_err());
+        // 0640: only when root owns the file.
+        assert_eq!(mode_of(0o640).is_ok(), root.unwrap());
+        let error = key_file_mode(&dir, &std::fs::metadata(&dir).unwrap()).unwrap_err();
+        assert_eq!(error.problem, "is not a regular file");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

@@ -424,9 +424,13 @@ async fn wrong_host_name_and_expired_server_certificates() {
 fn bad_certificate_files_exit_2_at_start() {
     let dir = tempdir("pg-tls-bad");
     let marker = "c2VjcmV0LWtleS1tYXRlcmlhbA";
+    // 0600: a key file others may read is refused before it is read
+    // (libpq's rule; the case is below).
     let write = |name: &str, text: &str| {
+        use std::os::unix::fs::PermissionsExt as _;
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         path.display().to_string()
     };
     let garbage = write(
@@ -448,6 +452,17 @@ fn bad_certificate_files_exit_2_at_start() {
     let good_cert = certs.join("tls/client.crt").display().to_string();
     let good_key = certs.join("tls/client.key").display().to_string();
     let other_key = certs.join("tls/client2.key").display().to_string();
+    let cert_as_key = write(
+        "cert-as-key.pem",
+        &std::fs::read_to_string(&good_cert).unwrap(),
+    );
+    let open_key = dir.join("open.key");
+    std::fs::copy(&good_key, &open_key).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let open_key = open_key.display().to_string();
 
     let cases = [
         (
@@ -479,8 +494,12 @@ fn bad_certificate_files_exit_2_at_start() {
             format!("sslkey {unterminated}: malformed PEM"),
         ),
         (
-            format!("sslcert={good_cert}&sslkey={good_cert}"),
-            format!("sslkey {good_cert}: no unencrypted private key"),
+            format!("sslcert={good_cert}&sslkey={cert_as_key}"),
+            format!("sslkey {cert_as_key}: no unencrypted private key"),
+        ),
+        (
+            format!("sslcert={good_cert}&sslkey={open_key}"),
+            format!("sslkey {open_key}: has group or world access (mode 0644)"),
         ),
         (
             format!("sslcert={good_cert}&sslkey={other_key}"),
@@ -624,4 +643,49 @@ async fn a_public_cas_certificate_for_another_host_is_refused() {
     let error = DatabaseUrl::parse(&server.url("127.0.0.1", "postgres", "sslmode=verify-ca"))
         .expect_err("verify-ca without a root file");
     assert!(error.problem.contains("needs sslrootcert=FILE"), "{error}");
+}
+
+/// libpq reads `~/.postgresql/root.crt`, `postgresql.crt` and
+/// `postgresql.key` when the parameters are not given; this worker never
+/// does. With the test CA and a valid client certificate there, verify-full
+/// without sslrootcert still trusts only the bundled roots, and the role
+/// that must show a client certificate shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_read_from_the_home_directory() {
+    let server = TlsServer::start("server").await;
+    let home = tempdir("pg-tls-home");
+    let dot = home.join(".postgresql");
+    std::fs::create_dir_all(&dot).unwrap();
+    for (from, to) in [
+        ("ca.crt", "root.crt"),
+        ("client.crt", "postgresql.crt"),
+        ("client.key", "postgresql.key"),
+    ] {
+        copy(&server.file(from), &dot.join(to));
+    }
+    let with_home = |url: &str| {
+        binary()
+            .arg("status")
+            .env("DATABASE_URL", url)
+            .env("HOME", &home)
+            .env("DATABASE_CONNECT_TIMEOUT", "3s")
+            .env("RUST_LOG", "off")
+            .output()
+            .expect("run the binary")
+    };
+    for (url, expected) in [
+        (
+            server.url("localhost", "postgres", "sslmode=verify-full"),
+            "not signed by a CA in the bundled webpki roots",
+        ),
+        (
+            server.client_url(&server.verify_full()),
+            "requires a valid client certificate",
+        ),
+    ] {
+        let output = with_home(&url);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{expected:?} in: {stderr}");
+    }
 }
