@@ -858,6 +858,31 @@ mod tests {
         assert!(!format!("{url:?}").contains("s3cret"));
     }
 
+    /// Issue 25's defects, through the settings type: the password printed
+    /// when it held a '/', and `sslmode` lost after a '?' in the password.
+    #[test]
+    fn issue_25_passwords_are_redacted_and_sslmode_read() {
+        for (raw, password) in [
+            ("postgres://app:ab/cd+ef==@host/booking", "ab/cd+ef=="),
+            ("postgres://app:a?b@host/booking?sslmode=require", "a?b"),
+            ("postgres://app:p@ss@host/booking?sslmode=require", "p@ss"),
+            ("postgres://app:x#y z@host/booking?sslmode=require", "x#y z"),
+        ] {
+            let url = DatabaseUrl::parse(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
+            assert!(!url.redacted().contains(password), "{}", url.redacted());
+            assert!(!format!("{url:?}").contains(password), "{url:?}");
+            assert!(
+                url.redacted()
+                    .starts_with("postgres://app:***@host/booking"),
+                "{}",
+                url.redacted()
+            );
+            if raw.contains("sslmode=require") {
+                assert_eq!(url.tls().mode, pg_tls::SslMode::Require, "{raw}");
+            }
+        }
+    }
+
     #[test]
     fn database_url_parameters_tokio_postgres_refuses_are_named() {
         for option in ["sslsni", "gssencmode", "sslpassword", "service", "passfile"] {
