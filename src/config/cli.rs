@@ -650,19 +650,6 @@ mod tests {
         }
     }
 
-    /// Percent-encodes every byte but the unreserved ones.
-    fn encoded(text: &str) -> String {
-        text.bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect()
-    }
-
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
 
@@ -675,15 +662,15 @@ mod tests {
             secret in "[ -~é€]{10,30}",
             raw in proptest::bool::ANY,
         ) {
-            let written = if raw { secret.clone() } else { encoded(&secret) };
+            let written = if raw { secret.clone() } else { super::super::pg_url::percent_encode(&secret) };
             let url = format!("postgres://app:{written}@db.example:5432/crm?sslmode=require");
-            let direct = format!("postgres://app@db.example/crm?password={}", encoded(&secret));
+            let direct = format!("postgres://app@db.example/crm?password={}", super::super::pg_url::percent_encode(&secret));
             let args = [
                 "run", "--database-url", &url, "--database-direct-url", &direct,
                 "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
                 "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
             ];
-            let forms = [secret.clone(), encoded(&secret)];
+            let forms = [secret.clone(), super::super::pg_url::percent_encode(&secret)];
             let hidden = |text: String| {
                 for form in &forms {
                     proptest::prop_assert!(!text.contains(form.as_str()), "{}", text);

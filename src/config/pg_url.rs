@@ -550,6 +550,12 @@ const HOST: &str = "-._~";
 const PATH: &str = "-._~!$&'()*+,;=:/";
 const VALUE: &str = "-._~!$'()*+,;:/";
 
+/// `text` with every byte but ASCII letters, digits and `-._~` as `%XX`:
+/// safe in any part of a URL (a password with `@`, `/` or `?`, say).
+pub fn percent_encode(text: &str) -> String {
+    encode(text, "-._~")
+}
+
 fn encode(text: &str, keep: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for byte in text.bytes() {
@@ -744,11 +750,6 @@ mod tests {
         "verify-full",
     ];
 
-    /// Every character outside the unreserved ones as %XX.
-    fn encode_all(text: &str) -> String {
-        encode(text, "-._~")
-    }
-
     /// User, hosts, database, sslmode, application_name.
     type Parts = (
         String,
@@ -783,7 +784,7 @@ mod tests {
         format!(
             "postgres://{user}:{written_password}@{}/{dbname}?application_name={}&sslmode={mode}",
             hosts.join(","),
-            encode_all(app)
+            percent_encode(app)
         )
     }
 
@@ -829,7 +830,7 @@ mod tests {
             parts in url_parts(),
             secret in password_chars(true),
         ) {
-            let raw = build(&parts, &encode_all(&secret));
+            let raw = build(&parts, &percent_encode(&secret));
             let result = PgUrl::parse(&raw);
             let url = result.as_ref().unwrap_or_else(|e| panic!("{raw}: {e}"));
             check_parts(url, &parts, &secret);

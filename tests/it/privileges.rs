@@ -8,14 +8,11 @@
 use std::time::Duration;
 
 use booking_expiration::db::privileges::{GRANTS, Use};
-use diesel::{QueryableByName, sql_types::Text};
-use diesel_async::RunQueryDsl;
 
 use crate::support::*;
 
 const BOOKINGS_SQL: &str =
     include_str!("../../migrations/2026-12-01-000001_create_bookings/up.sql");
-const GRANTS_SQL: &str = include_str!("../../deploy/postgres/grants.sql");
 
 /// `url` with another user and password.
 fn as_role(url: &str, role: &str, password: &str) -> String {
@@ -25,34 +22,19 @@ fn as_role(url: &str, role: &str, password: &str) -> String {
     url.to_string()
 }
 
-#[derive(QueryableByName)]
-struct Line {
-    #[diesel(sql_type = Text)]
-    line: String,
-}
-
 /// The grants `role` holds in the test database, as `table PRIVILEGE` or
 /// `table PRIVILEGE (columns)`, sorted.
 async fn grants_of(db: &TestDb, role: &str) -> Vec<String> {
-    let mut conn = db.conn().await;
-    let sql = format!(
-        "SELECT c.relname || ' ' || a.privilege_type AS line \
+    db.names(&format!(
+        "SELECT c.relname || ' ' || a.privilege_type AS name \
            FROM pg_class c, aclexplode(c.relacl) a WHERE a.grantee = '{role}'::regrole \
          UNION ALL \
          SELECT c.relname || ' ' || x.privilege_type || ' (' \
                 || string_agg(att.attname, ', ' ORDER BY att.attnum) || ')' \
            FROM pg_attribute att JOIN pg_class c ON c.oid = att.attrelid, aclexplode(att.attacl) x \
           WHERE x.grantee = '{role}'::regrole GROUP BY c.relname, x.privilege_type"
-    );
-    let mut lines: Vec<String> = diesel::sql_query(sql)
-        .load::<Line>(&mut conn)
-        .await
-        .expect("the role's grants")
-        .into_iter()
-        .map(|l| l.line)
-        .collect();
-    lines.sort();
-    lines
+    ))
+    .await
 }
 
 /// [`GRANTS`] in the form of [`grants_of`].
@@ -121,10 +103,7 @@ async fn every_command_runs_with_exactly_the_documented_grants() {
         owners, 3,
         "crm keeps bookings; the owner role owns the rest"
     );
-    let grants = GRANTS_SQL.replace("TO booking_expiration;", &format!("TO {worker};"));
-    testkit::postgres::exec(&owner_url, &grants)
-        .await
-        .expect("grants.sql as the owner role");
+    db.grant_worker(&owner_url, worker).await;
     assert_eq!(grants_of(&db, worker).await, documented());
 
     // Every command with these grants alone. The topic is written on each

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use booking_expiration::config::pg_url::PgUrl;
+use booking_expiration::config::pg_url::{PgUrl, percent_encode as encode_all};
 use proptest::{
     strategy::{Strategy, ValueTree},
     test_runner::TestRunner,
@@ -25,21 +25,6 @@ use crate::support::*;
 
 /// Environment variables for one run of the binary.
 type Env = Vec<(&'static str, String)>;
-
-const GRANTS_SQL: &str = include_str!("../../deploy/postgres/grants.sql");
-
-/// Every byte outside RFC 3986's unreserved characters as `%XX`.
-fn encode_all(text: &str) -> String {
-    text.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
 
 /// The passwords: adversarial ones written by hand, and random printable
 /// ones (a fixed seed: the same ones every run).
@@ -136,12 +121,7 @@ async fn no_secret_reaches_any_output() {
     let roles = TestRoles::create(&specs).await;
     let db = TestDb::new().await;
     for role in &roles.names {
-        testkit::postgres::exec(
-            &db.url,
-            &GRANTS_SQL.replace("TO booking_expiration;", &format!("TO {role};")),
-        )
-        .await
-        .expect("grants");
+        db.grant_worker(&db.url, role).await;
     }
     let base = url::Url::parse(&db.url).expect("the test database's URL");
     let collector = Collector::start().await;
@@ -322,12 +302,7 @@ async fn sslmode_is_obeyed_whatever_the_password_holds() {
     let roles = TestRoles::create(&[("qmark", "LOGIN PASSWORD 'pa?ss#wo rd'")]).await;
     let role = &roles.names[0];
     let db = TestDb::new().await;
-    testkit::postgres::exec(
-        &db.url,
-        &GRANTS_SQL.replace("TO booking_expiration;", &format!("TO {role};")),
-    )
-    .await
-    .expect("grants");
+    db.grant_worker(&db.url, role).await;
     let base = url::Url::parse(&db.url).expect("the test database's URL");
     let url = |query: &str| {
         format!(

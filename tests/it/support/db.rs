@@ -116,6 +116,33 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
+    /// The values of a one-column query (a column `name`), sorted.
+    pub async fn names(&self, sql: &str) -> Vec<String> {
+        #[derive(diesel::QueryableByName)]
+        struct Name {
+            #[diesel(sql_type = Text)]
+            name: String,
+        }
+        let mut conn = self.conn().await;
+        let rows: Vec<Name> = diesel::sql_query(sql)
+            .load(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut out: Vec<String> = rows.into_iter().map(|r| r.name).collect();
+        out.sort();
+        out
+    }
+
+    /// Gives `role` the worker's grants, `deploy/postgres/grants.sql`, run
+    /// as `as_url` (the owner of the tables, or a superuser).
+    pub async fn grant_worker(&self, as_url: &str, role: &str) {
+        const GRANTS_SQL: &str = include_str!("../../../deploy/postgres/grants.sql");
+        let sql = GRANTS_SQL.replace("TO booking_expiration;", &format!("TO {role};"));
+        testkit::postgres::exec(as_url, &sql)
+            .await
+            .unwrap_or_else(|e| panic!("grants.sql for {role}: {e:#}"));
+    }
+
     pub async fn exec_sql(&self, sql: &str) {
         let mut conn = self.conn().await;
         diesel::sql_query(sql)
