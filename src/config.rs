@@ -356,11 +356,6 @@ impl DatabaseUrl {
         &self.config
     }
 
-    /// The parsed URL.
-    pub fn parts(&self) -> &pg_url::PgUrl {
-        &self.url
-    }
-
     /// Whether the URL asks for a writable server
     /// (`target_session_attrs=read-write`).
     pub fn wants_read_write(&self) -> bool {

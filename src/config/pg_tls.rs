@@ -1,15 +1,15 @@
-//! libpq's TLS parameters in `DATABASE_URL` (`sslmode`, `sslrootcert`,
-//! `sslcert`, `sslkey`), parsed into [`PgTls`], and the URL that remains for
+//! libpq's TLS parameters of a parsed `DATABASE_URL` ([`PgUrl`]:
+//! `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) as [`PgTls`];
 //! tokio-postgres, which knows only `sslmode` disable/prefer/require and no
-//! certificate files.
+//! certificate files, never sees them.
 //!
 //! The mapping follows libpq (PostgreSQL's documentation, "SSL Support",
-//! table "SSL Mode Descriptions"), with two deliberate differences, both
-//! stricter: a certificate or key file that is named but cannot be read is
-//! an error in every mode (libpq silently skips a missing `sslrootcert`
-//! under `prefer`/`require`), and no file is looked for in
-//! `~/.postgresql/` (a container has no such home). See README, "PostgreSQL
-//! TLS".
+//! table "SSL Mode Descriptions"). Where this worker differs it is never
+//! weaker: `verify-ca` without a root file is refused at start (libpq fails
+//! at connect), a named file that cannot be read is an error in every mode
+//! (libpq skips a missing `sslrootcert` under `prefer`/`require`), and
+//! nothing is read from `~/.postgresql/`. README, "PostgreSQL TLS", lists
+//! every difference with its test.
 
 use std::{fmt, path::PathBuf};
 
