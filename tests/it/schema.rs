@@ -366,6 +366,11 @@ async fn subscribers_get_each_committed_batch_and_never_a_rolled_back_one() {
     );
 }
 
+/// Sorted names from a one-column (`name`) query.
+async fn names(db: &TestDb, sql: &str) -> Vec<String> {
+    db.names(sql).await
+}
+
 const WORKER_INDEXES: &str = "SELECT indexname AS name FROM pg_indexes \
      WHERE schemaname = 'public' \
        AND tablename IN ('booking_expiration_audit', 'booking_expiration_outbox')";
@@ -379,7 +384,7 @@ const HEADERS_TYPE: &str = "SELECT data_type AS name FROM information_schema.col
 async fn the_worker_tables_carry_only_the_indexes_their_queries_use() {
     let db = TestDb::new().await;
     assert_eq!(
-        db.names(WORKER_INDEXES).await,
+        names(&db, WORKER_INDEXES).await,
         [
             "booking_expiration_outbox_pkey",
             "ix_booking_expiration_audit_booking_id",
@@ -389,7 +394,7 @@ async fn the_worker_tables_carry_only_the_indexes_their_queries_use() {
             "ux_booking_expiration_outbox_event_id_replay_id",
         ]
     );
-    assert_eq!(db.names(HEADERS_TYPE).await, ["json"]);
+    assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
     // The audit rows of a booking are found by its index.
     let mut conn = db.conn().await;
     conn.begin_test_transaction().await.expect("begin");
@@ -453,8 +458,8 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
             .await,
         2
     );
-    assert_eq!(db.names(HEADERS_TYPE).await, ["jsonb"]);
-    let indexes = db.names(WORKER_INDEXES).await;
+    assert_eq!(names(&db, HEADERS_TYPE).await, ["jsonb"]);
+    let indexes = names(&db, WORKER_INDEXES).await;
     for restored in [
         "booking_expiration_audit_pkey",
         "ux_booking_expiration_outbox_event_id_replay_id",
@@ -465,5 +470,5 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
         .await
         .expect("the migration applies again");
     assert_eq!(applied.len(), 1, "{applied:?}");
-    assert_eq!(db.names(HEADERS_TYPE).await, ["json"]);
+    assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
 }
