@@ -13,7 +13,7 @@ use crate::{
         ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
         ShutdownSettings,
     },
-    db::{self, DbError},
+    db::{self, DbError, privileges::Use},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
     outbox::{self, KafkaSink, LagStats, Publisher, RetentionSweep},
     telemetry::{ErrorChain, Health, Metrics, http},
@@ -78,6 +78,7 @@ pub async fn once(
     shutdown: CancellationToken,
 ) -> Result<CycleReport, AppError> {
     let pool = db::connect_pool(database).await?;
+    db::privileges::check_pooled(&pool, &[Use::Expire]).await?;
     let worker = ExpiryWorker::new(
         pool,
         Arc::new(SystemClock),
@@ -154,6 +155,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
 
     if !wait_for_database(&db_settings, &shutdown).await? {
         shutdown.cancel();
+    } else {
+        let uses: Vec<Use> = [
+            (roles.worker, Use::Expire),
+            (roles.publisher, Use::Publish),
+            (true, Use::Lag),
+        ]
+        .into_iter()
+        .filter_map(|(on, used)| on.then_some(used))
+        .collect();
+        db::privileges::check_pooled(&pool, &uses).await?;
     }
     if roles.worker && !shutdown.is_cancelled() {
         let worker = Arc::new(ExpiryWorker::new(
@@ -311,6 +322,7 @@ pub struct PoisonRow {
 pub async fn status(database: &DatabaseSettings) -> Result<StatusReport, AppError> {
     use crate::{db::bookings, domain::Phase};
     let mut conn = db::establish(database).await?;
+    db::privileges::check(&mut conn, &[Use::Status]).await?;
     let as_of = SystemClock.now();
     // One read-only transaction: one snapshot, and through a transaction
     // pooler one server connection for all of it (see `db`).
@@ -423,6 +435,7 @@ pub async fn outbox_retry(
     which: &db::outbox::Unpark,
 ) -> Result<usize, AppError> {
     let mut conn = db::establish(database).await?;
+    db::privileges::check(&mut conn, &[Use::Unpark]).await?;
     let put_back = conn
         .transaction(async |conn| db::outbox::unpark(conn, which).await)
         .await?;
@@ -519,6 +532,7 @@ pub async fn republish(
         )));
     }
     let mut conn = db::establish(database).await?;
+    db::privileges::check(&mut conn, &[Use::Republish]).await?;
     let mut report = RepublishReport {
         replay_id: request.replay_id.unwrap_or_else(uuid::Uuid::new_v4),
         dry_run: request.dry_run,

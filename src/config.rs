@@ -21,6 +21,8 @@ mod cli;
 pub mod defaults;
 pub mod parse;
 pub mod pg_tls;
+pub mod pg_url;
+pub mod secret;
 
 use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -187,12 +189,15 @@ fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
                     "is required with KAFKA_SASL_MECHANISM",
                 )
             })?,
-            password: args.kafka_sasl_password.ok_or_else(|| {
-                ConfigError::new(
-                    "KAFKA_SASL_PASSWORD",
-                    "is required with KAFKA_SASL_MECHANISM",
-                )
-            })?,
+            password: args
+                .kafka_sasl_password
+                .map(secret::Secret::into_inner)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "KAFKA_SASL_PASSWORD",
+                        "is required with KAFKA_SASL_MECHANISM",
+                    )
+                })?,
         }),
     };
     let tls = kafka_tls(&args.tls, protocol)?;
@@ -308,13 +313,15 @@ fn kafka_tls(
     Ok(Some(tls))
 }
 
-/// A PostgreSQL URL that never prints its password, with libpq's TLS
-/// parameters taken out of it ([`pg_tls`]).
+/// A PostgreSQL URL that never prints its password: parsed once, the way
+/// libpq parses it ([`pg_url`]), into the configuration tokio-postgres
+/// connects with and libpq's TLS parameters ([`pg_tls`]).
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
-    raw: String,
-    /// The URL for tokio-postgres: `raw` without the libpq TLS parameters.
-    connect: String,
+    url: pg_url::PgUrl,
+    /// What tokio-postgres connects with: the parts of `url`, libpq's TLS
+    /// parameters left out (see [`crate::db::tls`]).
+    config: tokio_postgres::Config,
     tls: pg_tls::PgTls,
 }
 
@@ -324,44 +331,11 @@ impl DatabaseUrl {
     /// start.
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
         const SETTING: &str = "DATABASE_URL";
-        let raw = raw.trim();
-        if raw.is_empty() {
-            return Err(ConfigError::new(SETTING, "is empty"));
-        }
-        // The scheme and the hosts are checked here, by hand: the `url`
-        // crate refuses libpq's multi-host form (`h1:5432,h2:5432`), which
-        // tokio-postgres parses. Neither text below quotes the URL.
-        let Some((scheme, _)) = raw.split_once("://") else {
-            return Err(ConfigError::new(
-                SETTING,
-                "not a valid URL (expected postgres://user:password@host:port/database)",
-            ));
-        };
-        if !matches!(scheme, "postgres" | "postgresql") {
-            let scheme: String = scheme.chars().take(20).collect();
-            return Err(ConfigError::new(
-                SETTING,
-                format!("scheme must be postgres:// or postgresql://, not {scheme}://"),
-            ));
-        }
-        let (connect, tls) =
-            pg_tls::split_url(raw).map_err(|problem| ConfigError::new(SETTING, problem))?;
-        // tokio-postgres's errors name the option, never its value (for a
-        // URL; its key=value form, which may quote a character, is not
-        // accepted above).
-        let config = connect.parse::<tokio_postgres::Config>().map_err(|e| {
-            let cause =
-                std::error::Error::source(&e).map_or_else(String::new, |c| format!(" ({c})"));
-            ConfigError::new(SETTING, format!("{e}{cause}"))
-        })?;
-        if config.get_hosts().is_empty()
-            || config.get_hosts().iter().any(|host| match host {
-                tokio_postgres::config::Host::Tcp(name) => name.is_empty(),
-                tokio_postgres::config::Host::Unix(_) => false,
-            })
-        {
-            return Err(ConfigError::new(SETTING, "has no host"));
-        }
+        let url =
+            pg_url::PgUrl::parse(raw).map_err(|e| ConfigError::new(SETTING, e.to_string()))?;
+        let tls =
+            pg_tls::from_params(&url).map_err(|problem| ConfigError::new(SETTING, problem))?;
+        let config = tokio_config(&url).map_err(|problem| ConfigError::new(SETTING, problem))?;
         if tls.mode.requires_tls() && !crate::db::tls::cpu_supported() {
             return Err(ConfigError::new(
                 SETTING,
@@ -373,33 +347,20 @@ impl DatabaseUrl {
             ));
         }
         crate::db::tls::validate(&tls).map_err(|e| ConfigError::new(SETTING, e.to_string()))?;
-        Ok(Self {
-            raw: raw.to_owned(),
-            connect,
-            tls,
-        })
+        Ok(Self { url, config, tls })
     }
 
-    /// The full URL, password and TLS parameters included.
-    pub fn expose(&self) -> &str {
-        &self.raw
-    }
-
-    /// The URL tokio-postgres connects with (password included, libpq's
-    /// TLS parameters taken out).
-    pub fn connect_url(&self) -> &str {
-        &self.connect
+    /// The configuration tokio-postgres connects with (password included,
+    /// libpq's TLS parameters left out; its `Debug` hides the password).
+    pub fn config(&self) -> &tokio_postgres::Config {
+        &self.config
     }
 
     /// Whether the URL asks for a writable server
     /// (`target_session_attrs=read-write`).
     pub fn wants_read_write(&self) -> bool {
-        self.connect
-            .parse::<tokio_postgres::Config>()
-            .is_ok_and(|config| {
-                config.get_target_session_attrs()
-                    == tokio_postgres::config::TargetSessionAttrs::ReadWrite
-            })
+        self.config.get_target_session_attrs()
+            == tokio_postgres::config::TargetSessionAttrs::ReadWrite
     }
 
     /// The TLS settings of the URL.
@@ -407,45 +368,77 @@ impl DatabaseUrl {
         &self.tls
     }
 
-    /// The URL with the password replaced, for logs: the one in the user
-    /// part and a `password` parameter. Works on the text, so the
-    /// multi-host form is redacted too.
+    /// The URL with the password replaced, for logs, rebuilt from the
+    /// parsed parts ([`pg_url::PgUrl::redacted`]).
     pub fn redacted(&self) -> String {
-        redact_url(&self.raw)
+        self.url.redacted()
     }
 }
 
-/// `raw` with the password of the user part and of a `password` query
-/// parameter replaced by `***`.
-fn redact_url(raw: &str) -> String {
-    let Some((scheme, rest)) = raw.split_once("://") else {
-        return "<invalid>".to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{hosts}"),
-            None => format!("{userinfo}@{hosts}"),
-        },
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.eq_ignore_ascii_case("password") => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
+/// The tokio-postgres configuration of a parsed URL: the parts and the
+/// parameters but libpq's TLS ones, given to tokio-postgres as a key=value
+/// string of quoted values (its parser applies each parameter as libpq
+/// would), and the password set apart (it never goes into a string).
+/// A `host` or `port` parameter replaces the authority's, as in libpq.
+fn tokio_config(url: &pg_url::PgUrl) -> Result<tokio_postgres::Config, String> {
+    fn quoted(value: &str) -> String {
+        format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+    }
+    let mut pairs: Vec<(&str, String)> = Vec::new();
+    let has = |key: &str| url.params.iter().any(|(k, _)| k == key);
+    if !url.hosts.is_empty() && !has("host") {
+        let names: Vec<&str> = url.hosts.iter().map(|h| h.name.as_str()).collect();
+        pairs.push(("host", names.join(",")));
+    }
+    if url.hosts.iter().any(|h| h.port.is_some()) && !has("port") {
+        let ports: Vec<String> = url
+            .hosts
+            .iter()
+            .map(|h| h.port.map_or_else(String::new, |p| p.to_string()))
+            .collect();
+        pairs.push(("port", ports.join(",")));
+    }
+    if let Some(user) = url.user() {
+        pairs.push(("user", user.to_owned()));
+    }
+    if let Some(dbname) = url.dbname() {
+        pairs.push(("dbname", dbname.to_owned()));
+    }
+    for (key, value) in &url.params {
+        let pg_url::Value::Text(value) = value else {
+            continue;
+        };
+        if pg_tls::TLS_PARAMETERS.contains(&key.as_str())
+            || matches!(key.as_str(), "user" | "dbname")
+        {
+            continue;
         }
-        None => tail.to_owned(),
+        pairs.push((key, value.clone()));
+    }
+    let text: Vec<String> = pairs
+        .iter()
+        .map(|(key, value)| format!("{key}={}", quoted(value)))
+        .collect();
+    // tokio-postgres's errors name the option, never its value.
+    let mut config = text
+        .join(" ")
+        .parse::<tokio_postgres::Config>()
+        .map_err(|e| {
+            let cause =
+                std::error::Error::source(&e).map_or_else(String::new, |c| format!(" ({c})"));
+            format!("{e}{cause}")
+        })?;
+    if let Some(password) = url.password() {
+        config.password(password.expose());
+    }
+    let no_host = |host: &tokio_postgres::config::Host| match host {
+        tokio_postgres::config::Host::Tcp(name) => name.is_empty(),
+        tokio_postgres::config::Host::Unix(_) => false,
     };
-    format!("{scheme}://{authority}{tail}")
+    if config.get_hosts().is_empty() || config.get_hosts().iter().any(no_host) {
+        return Err("has no host".to_owned());
+    }
+    Ok(config)
 }
 
 impl fmt::Debug for DatabaseUrl {
@@ -860,13 +853,41 @@ mod tests {
         assert!(!format!("{url:?}").contains("s3cret"));
     }
 
+    /// Issue 25's defects, through the settings type: the password printed
+    /// when it held a '/', and `sslmode` lost after a '?' in the password.
+    #[test]
+    fn issue_25_passwords_are_redacted_and_sslmode_read() {
+        for (raw, password) in [
+            ("postgres://app:ab/cd+ef==@host/booking", "ab/cd+ef=="),
+            ("postgres://app:a?b@host/booking?sslmode=require", "a?b"),
+            ("postgres://app:p@ss@host/booking?sslmode=require", "p@ss"),
+            ("postgres://app:x#y z@host/booking?sslmode=require", "x#y z"),
+        ] {
+            let url = DatabaseUrl::parse(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
+            assert!(!url.redacted().contains(password), "{}", url.redacted());
+            assert!(!format!("{url:?}").contains(password), "{url:?}");
+            assert!(
+                url.redacted()
+                    .starts_with("postgres://app:***@host/booking"),
+                "{}",
+                url.redacted()
+            );
+            if raw.contains("sslmode=require") {
+                assert_eq!(url.tls().mode, pg_tls::SslMode::Require, "{raw}");
+            }
+        }
+    }
+
     #[test]
     fn database_url_parameters_tokio_postgres_refuses_are_named() {
-        let err = DatabaseUrl::parse("postgres://u:s3cret@h/db?sslsni=1").unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "DATABASE_URL: invalid connection string (unknown option `sslsni`)"
-        );
+        for option in ["sslsni", "gssencmode", "sslpassword", "service", "passfile"] {
+            let err =
+                DatabaseUrl::parse(&format!("postgres://u:s3cret@h/db?{option}=1")).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("DATABASE_URL: invalid connection string (unknown option `{option}`)")
+            );
+        }
         let err =
             DatabaseUrl::parse("postgres://u:s3cret@h/db?connect_timeout=s3cret").unwrap_err();
         assert!(err.problem.contains("`connect_timeout`"), "{err}");
@@ -874,11 +895,12 @@ mod tests {
         let url =
             DatabaseUrl::parse("postgres://u:s3cret@h/db?sslmode=verify-full&application_name=x")
                 .unwrap();
-        assert_eq!(
-            url.connect_url(),
-            "postgres://u:s3cret@h/db?application_name=x"
-        );
+        let config = url.config();
+        assert_eq!(config.get_application_name(), Some("x"));
+        assert_eq!(config.get_password(), Some(&b"s3cret"[..]));
+        assert_eq!(config.get_dbname(), Some("db"));
         assert!(!format!("{url:?}").contains("s3cret"));
+        assert!(!format!("{config:?}").contains("s3cret"));
     }
 
     fn database(statement_timeout: Duration) -> DatabaseSettings {
@@ -893,12 +915,10 @@ mod tests {
         let raw = "postgres://u:s3cret@h1:5433,h2:5434/db?target_session_attrs=read-write\
                    &sslmode=verify-full&application_name=x";
         let url = DatabaseUrl::parse(raw).unwrap();
-        assert_eq!(
-            url.connect_url(),
-            "postgres://u:s3cret@h1:5433,h2:5434/db?target_session_attrs=read-write&application_name=x"
-        );
         assert_eq!(url.tls().mode, pg_tls::SslMode::VerifyFull);
-        let config: tokio_postgres::Config = url.connect_url().parse().unwrap();
+        let config = url.config();
+        assert_eq!(config.get_application_name(), Some("x"));
+        assert_eq!(config.get_user(), Some("u"));
         assert_eq!(config.get_hosts().len(), 2);
         assert_eq!(config.get_ports(), [5433, 5434]);
         assert_eq!(

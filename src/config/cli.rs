@@ -12,6 +12,7 @@ use super::{
     ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
+    secret::Secret,
 };
 
 #[derive(Debug, Parser)]
@@ -268,9 +269,13 @@ pub struct KafkaArgs {
         id = "KAFKA_SASL_PASSWORD",
         long = "kafka-sasl-password",
         env = "KAFKA_SASL_PASSWORD",
-        hide_env_values = true
+        hide_env_values = true,
+        // A password may start with '-': a value, never a flag (clap's
+        // usage error would quote it).
+        allow_hyphen_values = true,
+        value_parser = setting(super::secret::parse)
     )]
-    pub kafka_sasl_password: Option<String>,
+    pub kafka_sasl_password: Option<Secret>,
     /// PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL (any case); unset =
     /// SASL_PLAINTEXT with a SASL mechanism, PLAINTEXT without.
     #[arg(id = "KAFKA_SECURITY_PROTOCOL", long = "kafka-security-protocol", env = "KAFKA_SECURITY_PROTOCOL",
@@ -642,6 +647,59 @@ mod tests {
             .unwrap_err();
             assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
             assert!(error.problem.contains("cannot read"), "{error}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// `Debug` of the parsed command line and of the settings (what a
+        /// panic message or a `{:?}` in a log would print), and every
+        /// setting error, hold neither the database password (in the URL
+        /// raw, or percent-encoded) nor `KAFKA_SASL_PASSWORD`.
+        #[test]
+        fn no_debug_of_the_settings_holds_a_secret(
+            secret in "[ -~é€]{10,30}",
+            raw in proptest::bool::ANY,
+        ) {
+            let written = if raw { secret.clone() } else { super::super::pg_url::percent_encode(&secret) };
+            let url = format!("postgres://app:{written}@db.example:5432/crm?sslmode=require");
+            let direct = format!("postgres://app@db.example/crm?password={}", super::super::pg_url::percent_encode(&secret));
+            let args = [
+                "run", "--database-url", &url, "--database-direct-url", &direct,
+                "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
+                "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
+            ];
+            let forms = [secret.clone(), super::super::pg_url::percent_encode(&secret)];
+            let hidden = |text: String| {
+                for form in &forms {
+                    proptest::prop_assert!(!text.contains(form.as_str()), "{}", text);
+                }
+                Ok(())
+            };
+            match parse(&args) {
+                Ok(command) => {
+                    hidden(format!("{command:?}"))?;
+                    let Command::Run(run_args) = command else {
+                        panic!("not run");
+                    };
+                    match Settings::from_args(run_args) {
+                        Ok(settings) => hidden(format!("{settings:?}"))?,
+                        Err(error) => hidden(format!("{error} {error:?}"))?,
+                    }
+                }
+                Err(error) => {
+                    let config = ConfigError::from_clap(&error).expect("a setting error");
+                    hidden(format!("{config} {config:?}"))?;
+                }
+            }
+            // A bad setting beside the secrets: the exit-2 line.
+            let mut bad = args.to_vec();
+            bad.extend(["--expiration-batch-size", "0"]);
+            let error = parse(&bad).err().and_then(|e| ConfigError::from_clap(&e));
+            if let Some(error) = error {
+                hidden(format!("{error} {error:?}"))?;
+            }
         }
     }
 }

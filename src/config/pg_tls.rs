@@ -1,17 +1,19 @@
-//! libpq's TLS parameters in `DATABASE_URL` (`sslmode`, `sslrootcert`,
-//! `sslcert`, `sslkey`), parsed into [`PgTls`], and the URL that remains for
+//! libpq's TLS parameters of a parsed `DATABASE_URL` ([`PgUrl`]:
+//! `sslmode`, `sslrootcert`, `sslcert`, `sslkey`) as [`PgTls`];
 //! tokio-postgres, which knows only `sslmode` disable/prefer/require and no
-//! certificate files.
+//! certificate files, never sees them.
 //!
 //! The mapping follows libpq (PostgreSQL's documentation, "SSL Support",
-//! table "SSL Mode Descriptions"), with two deliberate differences, both
-//! stricter: a certificate or key file that is named but cannot be read is
-//! an error in every mode (libpq silently skips a missing `sslrootcert`
-//! under `prefer`/`require`), and no file is looked for in
-//! `~/.postgresql/` (a container has no such home). See README, "PostgreSQL
-//! TLS".
+//! table "SSL Mode Descriptions"). Where this worker differs it is never
+//! weaker: `verify-ca` without a root file is refused at start (libpq fails
+//! at connect), a named file that cannot be read is an error in every mode
+//! (libpq skips a missing `sslrootcert` under `prefer`/`require`), and
+//! nothing is read from `~/.postgresql/`. README, "PostgreSQL TLS", lists
+//! every difference with its test.
 
 use std::{fmt, path::PathBuf};
+
+use super::pg_url::PgUrl;
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,42 +140,16 @@ impl PgTls {
     }
 }
 
-/// The parameters this module takes out of the URL; everything else goes
-/// to tokio-postgres as it is.
-const TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
+/// The parameters this module reads; [`super::DatabaseUrl`] passes every
+/// other one to tokio-postgres.
+pub const TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
-/// Splits a `postgres://` URL into the URL for tokio-postgres (the libpq
-/// TLS parameters removed, everything else byte for byte) and the TLS
-/// settings. The problem text never contains the URL.
-pub fn split_url(raw: &str) -> Result<(String, PgTls), String> {
-    let (base, query) = match raw.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (raw, None),
-    };
-    let mut kept = Vec::new();
-    let mut mode = None;
-    let mut root = None;
-    let (mut cert, mut key) = (None, None);
-    for segment in query.into_iter().flat_map(|q| q.split('&')) {
-        if segment.is_empty() {
-            continue;
-        }
-        let (name, value) = segment.split_once('=').unwrap_or((segment, ""));
-        let name = percent_decode(name)?;
-        if !TLS_PARAMETERS.contains(&name.as_str()) {
-            kept.push(segment);
-            continue;
-        }
-        // As in libpq and tokio-postgres, a later value wins.
-        let value = percent_decode(value)?;
-        match name.as_str() {
-            "sslmode" => mode = Some(parse_mode(&value)?),
-            "sslrootcert" => root = Some(value),
-            "sslcert" => cert = Some(value),
-            _ => key = Some(value),
-        }
-    }
-    let root = match root.as_deref() {
+/// The TLS settings of a parsed URL's query parameters. The problem text
+/// never contains the URL.
+pub fn from_params(url: &PgUrl) -> Result<PgTls, String> {
+    // As in libpq and tokio-postgres, a later value wins.
+    let mode = url.param("sslmode").map(parse_mode).transpose()?;
+    let root = match url.param("sslrootcert") {
         None | Some("") => RootCerts::Unset,
         Some("system") => RootCerts::System,
         Some(path) => RootCerts::File(PathBuf::from(path)),
@@ -185,12 +161,21 @@ pub fn split_url(raw: &str) -> Result<(String, PgTls), String> {
                 "sslmode={mode} may not be used with sslrootcert=system (use verify-full, as libpq requires)"
             ));
         }
+        // libpq refuses verify-ca without a root certificate file: public
+        // roots without a host name check would accept any publicly
+        // trusted certificate, issued for any name.
+        (Some(SslMode::VerifyCa), RootCerts::Unset) => {
+            return Err(
+                "sslmode=verify-ca needs sslrootcert=FILE, the CA the server's \
+                        certificate must chain to (libpq refuses verify-ca without one; \
+                        for public CAs use verify-full)"
+                    .to_owned(),
+            );
+        }
         (mode, _) => mode.unwrap_or(SslMode::Prefer),
     };
-    let client = match (
-        cert.filter(|c| !c.is_empty()),
-        key.filter(|k| !k.is_empty()),
-    ) {
+    let non_empty = |key: &str| url.param(key).filter(|v| !v.is_empty());
+    let client = match (non_empty("sslcert"), non_empty("sslkey")) {
         (None, None) => None,
         (Some(cert), Some(key)) => Some(ClientCert {
             cert: cert.into(),
@@ -199,12 +184,7 @@ pub fn split_url(raw: &str) -> Result<(String, PgTls), String> {
         (Some(_), None) => return Err("sslcert is given without sslkey".to_owned()),
         (None, Some(_)) => return Err("sslkey is given without sslcert".to_owned()),
     };
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    Ok((url, PgTls { mode, root, client }))
+    Ok(PgTls { mode, root, client })
 }
 
 fn parse_mode(value: &str) -> Result<SslMode, String> {
@@ -217,55 +197,31 @@ fn parse_mode(value: &str) -> Result<SslMode, String> {
         })
 }
 
-/// `%XX` decoding as tokio-postgres does it (`+` stays `+`).
-fn percent_decode(text: &str) -> Result<String, String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| "a query parameter is not UTF-8 once decoded".to_owned())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn split(raw: &str) -> (String, PgTls) {
-        split_url(raw).unwrap()
+    fn tls_of(raw: &str) -> Result<PgTls, String> {
+        from_params(&PgUrl::parse(raw).expect("a valid URL"))
+    }
+
+    fn split(raw: &str) -> PgTls {
+        tls_of(raw).unwrap()
     }
 
     #[test]
-    fn without_parameters_the_default_is_prefer_and_the_url_is_unchanged() {
-        let (url, tls) = split("postgres://u:p@h:5432/db");
-        assert_eq!(url, "postgres://u:p@h:5432/db");
+    fn without_parameters_the_default_is_prefer() {
+        let tls = split("postgres://u:p@h:5432/db");
         assert_eq!(tls, PgTls::default());
         assert_eq!(tls.mode, SslMode::Prefer);
         assert_eq!(tls.verify(), Verify::Nothing);
     }
 
     #[test]
-    fn the_libpq_parameters_are_taken_out_and_the_rest_kept_verbatim() {
-        let (url, tls) = split(
+    fn the_libpq_parameters_are_read_decoded() {
+        let tls = split(
             "postgres://u:p@h/db?application_name=a%20b&sslmode=verify-full&sslrootcert=/etc/ca%2Bx.pem\
              &options=-c%20x%3D1&sslcert=/c.pem&sslkey=/k.pem&channel_binding=require",
-        );
-        assert_eq!(
-            url,
-            "postgres://u:p@h/db?application_name=a%20b&options=-c%20x%3D1&channel_binding=require"
         );
         assert_eq!(tls.mode, SslMode::VerifyFull);
         assert_eq!(tls.root, RootCerts::File("/etc/ca+x.pem".into()));
@@ -281,7 +237,7 @@ mod tests {
 
     #[test]
     fn each_mode_maps_to_libpqs_check() {
-        let verify = |query: &str| split(&format!("postgres://h/db?{query}")).1.verify();
+        let verify = |query: &str| split(&format!("postgres://h/db?{query}")).verify();
         assert_eq!(verify("sslmode=disable"), Verify::Nothing);
         assert_eq!(verify("sslmode=allow"), Verify::Nothing);
         assert_eq!(verify("sslmode=prefer"), Verify::Nothing);
@@ -289,39 +245,79 @@ mod tests {
         // libpq: require with a root certificate file behaves as verify-ca.
         assert_eq!(verify("sslmode=require&sslrootcert=/ca.pem"), Verify::Chain);
         assert_eq!(verify("sslmode=prefer&sslrootcert=/ca.pem"), Verify::Chain);
-        assert_eq!(verify("sslmode=verify-ca"), Verify::Chain);
+        assert_eq!(
+            verify("sslmode=verify-ca&sslrootcert=/ca.pem"),
+            Verify::Chain
+        );
         assert_eq!(verify("sslmode=verify-full"), Verify::ChainAndName);
         assert_eq!(verify("sslrootcert=system"), Verify::ChainAndName);
-        assert!(!split("postgres://h/db?sslmode=disable").1.may_use_tls());
+        assert!(!split("postgres://h/db?sslmode=disable").may_use_tls());
     }
 
     #[test]
     fn system_roots_need_verify_full_as_in_libpq() {
-        let (_, tls) = split("postgres://h/db?sslrootcert=system");
+        let tls = split("postgres://h/db?sslrootcert=system");
         assert_eq!(
             (tls.mode, tls.root),
             (SslMode::VerifyFull, RootCerts::System)
         );
-        let error = split_url("postgres://h/db?sslrootcert=system&sslmode=require").unwrap_err();
-        assert!(error.contains("verify-full"), "{error}");
+        for mode in ["require", "verify-ca", "prefer"] {
+            let error = tls_of(&format!(
+                "postgres://h/db?sslrootcert=system&sslmode={mode}"
+            ))
+            .unwrap_err();
+            assert_eq!(
+                error,
+                format!(
+                    "sslmode={mode} may not be used with sslrootcert=system (use verify-full, as libpq requires)"
+                )
+            );
+        }
+    }
+
+    /// libpq refuses verify-ca without a root file; the bundled public
+    /// roots without a host name check would accept a publicly trusted
+    /// certificate issued for any name.
+    #[test]
+    fn verify_ca_needs_a_root_file() {
+        for query in ["sslmode=verify-ca", "sslmode=verify-ca&sslrootcert="] {
+            let error = tls_of(&format!("postgres://u:s3cret@h/db?{query}")).unwrap_err();
+            assert!(
+                error.starts_with("sslmode=verify-ca needs sslrootcert=FILE"),
+                "{error}"
+            );
+        }
+    }
+
+    /// The defect of issue 25: a `?` in the password hid `sslmode` from
+    /// the old split at the first `?`, leaving libpq's default `prefer`
+    /// (plaintext when the server offers no TLS).
+    #[test]
+    fn sslmode_is_read_whatever_the_password_holds() {
+        for password in [
+            "a?b",
+            "a?sslmode=disable",
+            "x#y",
+            "p/q?r",
+            "a@b",
+            "a b:c",
+            "%3F%26",
+        ] {
+            let raw = format!("postgres://app:{password}@db.example/crm?sslmode=require");
+            assert_eq!(split(&raw).mode, SslMode::Require, "{password}");
+        }
     }
 
     #[test]
     fn bad_values_are_named_and_the_url_is_never_echoed() {
-        let error = split_url("postgres://u:s3cret@h/db?sslmode=verify").unwrap_err();
+        let error = tls_of("postgres://u:s3cret@h/db?sslmode=verify").unwrap_err();
         assert_eq!(
             error,
             "sslmode \"verify\" is not one of disable, allow, prefer, require, verify-ca, verify-full"
         );
-        let error = split_url("postgres://u:s3cret@h/db?sslcert=/c.pem").unwrap_err();
+        let error = tls_of("postgres://u:s3cret@h/db?sslcert=/c.pem").unwrap_err();
         assert_eq!(error, "sslcert is given without sslkey");
-        let error = split_url("postgres://u:s3cret@h/db?sslkey=/k.pem").unwrap_err();
+        let error = tls_of("postgres://u:s3cret@h/db?sslkey=/k.pem").unwrap_err();
         assert!(!error.contains("s3cret"));
-    }
-
-    #[test]
-    fn percent_decoding_leaves_plus_and_lone_percent_alone() {
-        assert_eq!(percent_decode("a+b%20c%2").unwrap(), "a+b c%2");
-        assert_eq!(percent_decode("%41%zz").unwrap(), "A%zz");
     }
 }

@@ -12,6 +12,7 @@ pub mod bookings;
 pub mod migrate;
 pub mod outbox;
 mod pool;
+pub mod privileges;
 pub mod replay;
 pub mod seed;
 pub mod tls;
@@ -33,12 +34,17 @@ pub enum DbError {
     ConnectTimeout(Duration),
     #[error("no pooled PostgreSQL connection: {0}")]
     Pool(String),
-    #[error("statement failed")]
+    /// A statement failed; a grant missing at run time (revoked after the
+    /// start check, SQLSTATE 42501) is said to be one.
+    #[error("statement failed{}", privileges::hint(.0))]
     Query(#[from] diesel::result::Error),
     #[error("migration failed: {0}")]
     Migration(String),
     #[error("cannot encode a value for PostgreSQL: {0}")]
     Encode(String),
+    /// A grant the role needs is missing ([`privileges::check`]).
+    #[error(transparent)]
+    MissingGrant(#[from] privileges::MissingGrant),
 }
 
 impl From<bb8::RunError<diesel_async::pooled_connection::PoolError>> for DbError {

@@ -135,7 +135,9 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
     };
     config.recycling_method =
         RecyclingMethod::CustomFunction(Box::new(move |conn| conn.batch_execute(check).boxed()));
-    let manager = AsyncDieselConnectionManager::new_with_config(settings.url.connect_url(), config);
+    // Unused (see `custom_setup`): the redacted URL, so that no Debug of
+    // the pool can show the password.
+    let manager = AsyncDieselConnectionManager::new_with_config(settings.url.redacted(), config);
     bb8::Pool::builder()
         .max_size(settings.pool_size)
         .connection_timeout(settings.connect_timeout)

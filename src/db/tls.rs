@@ -38,8 +38,41 @@ use crate::config::{
 pub use crate::tls::{TlsFileError, cpu_supported};
 use crate::tls::{key_problem, load_certs, provider};
 
+/// `sslkey`, after libpq's check of who else may read it.
 fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
+    if let Ok(metadata) = std::fs::metadata(path) {
+        key_file_mode(path, &metadata)?;
+    }
     crate::tls::load_key("sslkey", path)
+}
+
+/// libpq's rule for the private key file (`fe-secure-openssl.c`): a regular
+/// file, with no access for group or others (0600 or less), except that a
+/// file root owns may be read by its group (0640 or less: a secret volume's
+/// files, root's, shared with the pod's group).
+fn key_file_mode(path: &Path, metadata: &std::fs::Metadata) -> Result<(), TlsFileError> {
+    use std::os::unix::fs::MetadataExt as _;
+    if !metadata.is_file() {
+        return Err(TlsFileError::new("sslkey", path, "is not a regular file"));
+    }
+    let mode = metadata.mode();
+    let too_open = if metadata.uid() == 0 {
+        mode & 0o037 != 0
+    } else {
+        mode & 0o077 != 0
+    };
+    if too_open {
+        return Err(TlsFileError::new(
+            "sslkey",
+            path,
+            format!(
+                "has group or world access (mode {:04o}): it must be 0600 or less, or 0640 \
+                 or less when root owns it (libpq's rule)",
+                mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks at start what [`client_config`] will read for every connection:
@@ -65,20 +98,34 @@ pub fn validate(tls: &PgTls) -> Result<(), TlsFileError> {
 
 /// The rustls configuration for one new connection, the files read now.
 pub fn client_config(tls: &PgTls) -> Result<ClientConfig, TlsFileError> {
+    client_config_trusting(tls, crate::tls::bundled_roots)
+}
+
+/// [`client_config`] with `public_roots` in place of the bundled webpki
+/// roots (what `verify-full` without `sslrootcert`, and
+/// `sslrootcert=system`, trust). Production passes
+/// [`crate::tls::bundled_roots`]; `tests/it/pg_tls.rs` adds a private CA
+/// to them, standing for a public CA that signed a certificate for another
+/// host. Nothing outside the process can reach this parameter.
+pub fn client_config_trusting(
+    tls: &PgTls,
+    public_roots: impl FnOnce() -> RootCertStore,
+) -> Result<ClientConfig, TlsFileError> {
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match tls.verify() {
         Verify::Nothing => Arc::new(NoCertificateCheck {
             provider: Arc::clone(&provider),
         }),
         Verify::Chain => Arc::new(ChainOnly {
-            roots: root_store(tls)?,
+            roots: root_store(tls, public_roots)?,
             provider: Arc::clone(&provider),
         }),
-        Verify::ChainAndName => {
-            WebPkiServerVerifier::builder_with_provider(root_store(tls)?, Arc::clone(&provider))
-                .build()
-                .map_err(|e| root_error(tls, format!("no usable root certificate ({e})")))?
-        }
+        Verify::ChainAndName => WebPkiServerVerifier::builder_with_provider(
+            root_store(tls, public_roots)?,
+            Arc::clone(&provider),
+        )
+        .build()
+        .map_err(|e| root_error(tls, format!("no usable root certificate ({e})")))?,
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -108,12 +155,18 @@ fn root_error(tls: &PgTls, problem: String) -> TlsFileError {
     }
 }
 
-/// The trusted roots: the `sslrootcert` file, else the bundled webpki roots
-/// (Mozilla's CA list; a `FROM scratch` image has no system store).
-fn root_store(tls: &PgTls) -> Result<Arc<RootCertStore>, TlsFileError> {
+/// The trusted roots: the `sslrootcert` file, else the public roots (the
+/// bundled webpki roots, Mozilla's CA list; a `FROM scratch` image has no
+/// system store). Only `verify-full` and `sslrootcert=system` come here
+/// without a file (`verify-ca` without one is refused at start): with
+/// public roots the host name is always checked.
+fn root_store(
+    tls: &PgTls,
+    public_roots: impl FnOnce() -> RootCertStore,
+) -> Result<Arc<RootCertStore>, TlsFileError> {
     Ok(Arc::new(match &tls.root {
         RootCerts::File(path) => crate::tls::root_store_from("sslrootcert", path)?,
-        RootCerts::Unset | RootCerts::System => crate::tls::bundled_roots(),
+        RootCerts::Unset | RootCerts::System => public_roots(),
     }))
 }
 
@@ -331,10 +384,7 @@ pub async fn connect(
     pooler: Pooler,
 ) -> Result<AsyncPgConnection, ConnectionError> {
     let tls = url.tls();
-    let config: tokio_postgres::Config = url
-        .connect_url()
-        .parse()
-        .map_err(|e: tokio_postgres::Error| ConnectionError::BadConnection(e.to_string()))?;
+    let config = url.config();
     let tls_usable = cpu_supported();
     if !tls_usable && matches!(tls.mode, SslMode::Allow | SslMode::Prefer) {
         static WARNED: Once = Once::new();
@@ -343,24 +393,24 @@ pub async fn connect(
         });
     }
     let result = match tls.mode {
-        SslMode::Disable => plain(&config, pooler).await,
-        SslMode::Allow => match plain(&config, pooler).await {
+        SslMode::Disable => plain(config, pooler).await,
+        SslMode::Allow => match plain(config, pooler).await {
             Err(first) if tls_usable && first.retry_other_mode() => {
-                encrypted(&config, tls, WireSslMode::Require, pooler)
+                encrypted(config, tls, WireSslMode::Require, pooler)
                     .await
                     .map_err(|second| Failure::Setup(both(tls, &first, &second, "with TLS")))
             }
             other => other,
         },
-        SslMode::Prefer if !tls_usable => plain(&config, pooler).await,
-        SslMode::Prefer => match encrypted(&config, tls, WireSslMode::Prefer, pooler).await {
-            Err(first) if first.retry_other_mode() => plain(&config, pooler)
+        SslMode::Prefer if !tls_usable => plain(config, pooler).await,
+        SslMode::Prefer => match encrypted(config, tls, WireSslMode::Prefer, pooler).await {
+            Err(first) if first.retry_other_mode() => plain(config, pooler)
                 .await
                 .map_err(|second| Failure::Setup(both(tls, &first, &second, "without TLS"))),
             other => other,
         },
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-            encrypted(&config, tls, WireSslMode::Require, pooler).await
+            encrypted(config, tls, WireSslMode::Require, pooler).await
         }
     };
     result.map_err(|failure| match failure {
@@ -448,4 +498,42 @@ where
         .await
         .map_err(|e| Failure::Setup(ConnectionError::CouldntSetupConfiguration(e)))?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused_as_libpq_does() {
+        let dir = std::env::temp_dir().join(format!("key-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("tls.key");
+        std::fs::write(&key, "not read").unwrap();
+        let mode_of = |mode: u32| {
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+            key_file_mode(&key, &std::fs::metadata(&key).unwrap())
+        };
+        let root = std::fs::metadata(&key).map(|m| {
+            use std::os::unix::fs::MetadataExt as _;
+            m.uid() == 0
+        });
+        assert_eq!(mode_of(0o600), Ok(()));
+        assert_eq!(mode_of(0o400), Ok(()));
+        let error = mode_of(0o644).unwrap_err();
+        assert!(
+            error
+                .problem
+                .starts_with("has group or world access (mode 0644)"),
+            "{error}"
+        );
+        assert!(mode_of(0o604).is_err());
+        // 0640: only when root owns the file.
+        assert_eq!(mode_of(0o640).is_ok(), root.unwrap());
+        let error = key_file_mode(&dir, &std::fs::metadata(&dir).unwrap()).unwrap_err();
+        assert_eq!(error.problem, "is not a regular file");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

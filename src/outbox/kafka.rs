@@ -135,20 +135,15 @@ impl KafkaError {
     }
 
     /// The broker refused the records for a reason no retry fixes: the
-    /// request or the record itself is at fault, not the cluster's state.
-    /// Leader changes, timeouts, NOT_ENOUGH_REPLICAS, throttling and
-    /// network failures are never in this list.
+    /// record itself is at fault, not the cluster's state or this client's
+    /// settings ([`super::kafka_errors`], Kafka's own classification).
     fn refusal(&self) -> Option<ProtocolError> {
         let KafkaError::Request { source, .. } = self else {
             return None;
         };
-        match server_error(source)? {
-            error @ (ProtocolError::MessageTooLarge
-            | ProtocolError::RecordListTooLarge
-            | ProtocolError::InvalidRecord
-            | ProtocolError::CorruptMessage) => Some(*error),
-            _ => None,
-        }
+        let error = server_error(source)?;
+        (super::kafka_errors::disposition(error) == super::kafka_errors::Disposition::Refuse)
+            .then_some(*error)
     }
 }
 
@@ -920,7 +915,7 @@ mod tests {
             ProtocolError::MessageTooLarge,
             ProtocolError::RecordListTooLarge,
             ProtocolError::InvalidRecord,
-            ProtocolError::CorruptMessage,
+            ProtocolError::InvalidTimestamp,
         ] {
             assert_eq!(server(permanent).refusal(), Some(permanent));
         }
@@ -934,6 +929,8 @@ mod tests {
             ProtocolError::NetworkException,
             ProtocolError::UnknownTopicOrPartition,
             ProtocolError::TopicAuthorizationFailed,
+            // Kafka retries a CRC mismatch (issue 25: it parked rows).
+            ProtocolError::CorruptMessage,
         ] {
             assert_eq!(server(retriable).refusal(), None, "{retriable:?}");
         }

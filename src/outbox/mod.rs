@@ -10,6 +10,7 @@
 
 mod backoff;
 pub mod kafka;
+pub mod kafka_errors;
 pub mod kafka_tls;
 mod listener;
 pub mod maintenance;

@@ -303,7 +303,7 @@ async fn bad_cases_fail_clearly_and_readyz_follows() {
     );
     // No sslrootcert: the bundled public roots do not know the test CA.
     assert_fails_clearly(
-        &server.url("127.0.0.1", "postgres", "sslmode=verify-ca"),
+        &server.url("127.0.0.1", "postgres", "sslmode=verify-full"),
         &secrets,
         "not signed by a CA in the bundled webpki roots",
     );
@@ -424,9 +424,13 @@ async fn wrong_host_name_and_expired_server_certificates() {
 fn bad_certificate_files_exit_2_at_start() {
     let dir = tempdir("pg-tls-bad");
     let marker = "c2VjcmV0LWtleS1tYXRlcmlhbA";
+    // 0600: a key file others may read is refused before it is read
+    // (libpq's rule; the case is below).
     let write = |name: &str, text: &str| {
+        use std::os::unix::fs::PermissionsExt as _;
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         path.display().to_string()
     };
     let garbage = write(
@@ -448,6 +452,17 @@ fn bad_certificate_files_exit_2_at_start() {
     let good_cert = certs.join("tls/client.crt").display().to_string();
     let good_key = certs.join("tls/client.key").display().to_string();
     let other_key = certs.join("tls/client2.key").display().to_string();
+    let cert_as_key = write(
+        "cert-as-key.pem",
+        &std::fs::read_to_string(&good_cert).unwrap(),
+    );
+    let open_key = dir.join("open.key");
+    std::fs::copy(&good_key, &open_key).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let open_key = open_key.display().to_string();
 
     let cases = [
         (
@@ -479,8 +494,12 @@ fn bad_certificate_files_exit_2_at_start() {
             format!("sslkey {unterminated}: malformed PEM"),
         ),
         (
-            format!("sslcert={good_cert}&sslkey={good_cert}"),
-            format!("sslkey {good_cert}: no unencrypted private key"),
+            format!("sslcert={good_cert}&sslkey={cert_as_key}"),
+            format!("sslkey {cert_as_key}: no unencrypted private key"),
+        ),
+        (
+            format!("sslcert={good_cert}&sslkey={open_key}"),
+            format!("sslkey {open_key}: has group or world access (mode 0644)"),
         ),
         (
             format!("sslcert={good_cert}&sslkey={other_key}"),
@@ -542,4 +561,131 @@ async fn several_hosts_each_checked_against_its_own_name() {
         &[&server.password],
         "the server's certificate is not valid for the host name in DATABASE_URL",
     );
+}
+
+/// libpq refuses `verify-ca` without a root certificate file, and with
+/// `sslrootcert=system`: both refuse to start (exit 2), one line naming
+/// sslrootcert, before any connection. Before issue 25, `verify-ca` without
+/// a file checked the chain against the bundled public roots without the
+/// host name: any publicly trusted certificate for any name passed.
+#[test]
+fn verify_ca_without_a_root_file_refuses_to_start() {
+    for (query, expected) in [
+        (
+            "sslmode=verify-ca",
+            "DATABASE_URL: sslmode=verify-ca needs sslrootcert=FILE",
+        ),
+        (
+            "sslmode=verify-ca&sslrootcert=",
+            "DATABASE_URL: sslmode=verify-ca needs sslrootcert=FILE",
+        ),
+        (
+            "sslmode=verify-ca&sslrootcert=system",
+            "DATABASE_URL: sslmode=verify-ca may not be used with sslrootcert=system",
+        ),
+    ] {
+        let url = format!("postgres://u:pw-s3cret-9@127.0.0.1:9/db?{query}");
+        for command in ["once", "status", "migrate"] {
+            let (code, _, stderr, _) = run_binary(&url, &[command]);
+            assert_eq!(code, Some(2), "{query}: {stderr}");
+            assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+            assert!(stderr.contains(expected), "{expected:?} in: {stderr}");
+            assert!(!stderr.contains("pw-s3cret-9"), "{stderr}");
+        }
+    }
+}
+
+/// A certificate from a CA in the public root set, issued for another
+/// host: what an attacker who bought a certificate for their own name
+/// shows. The test's CA stands for the public CA, added to the bundled
+/// roots where production trusts them ([`db::tls::client_config_trusting`]);
+/// the server shows `wrong-name.crt` (that CA's, for db.example.invalid).
+/// verify-full refuses it for 127.0.0.1 and localhost (and takes it for the
+/// name it was issued to: the CA is trusted); verify-ca never gets that far
+/// (no root file: refused at start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_cas_certificate_for_another_host_is_refused() {
+    use booking_expiration::tls::bundled_roots;
+    use rustls_pki_types::{CertificateDer, pem::PemObject};
+    use tokio_postgres_rustls::MakeRustlsConnect;
+
+    let server = TlsServer::start("wrong-name").await;
+    let public_ca = CertificateDer::from_pem_file(server.file("ca.crt")).expect("the CA");
+    let public_roots = || {
+        let mut roots = bundled_roots();
+        roots.add(public_ca.clone()).expect("a CA certificate");
+        roots
+    };
+    let connect = async |url: &str| {
+        let url = DatabaseUrl::parse(url).expect("a valid URL");
+        let tls = db::tls::client_config_trusting(url.tls(), public_roots).expect("TLS config");
+        let mut config = url.config().clone();
+        config.ssl_mode(tokio_postgres::config::SslMode::Require);
+        config
+            .connect(MakeRustlsConnect::new(tls))
+            .await
+            .map(drop)
+            .map_err(|e| format!("{e:?}"))
+    };
+    for host in ["127.0.0.1", "localhost"] {
+        let error = connect(&server.url(host, "postgres", "sslmode=verify-full"))
+            .await
+            .expect_err("a certificate for another name");
+        assert!(error.contains("NotValidForName"), "{host}: {error}");
+    }
+    // The same certificate, asked for by its own name, passes: the refusal
+    // above is the name, not an unknown CA.
+    let own_name = format!(
+        "postgres://postgres:{}@db.example.invalid:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-full",
+        server.password, server.port
+    );
+    connect(&own_name).await.expect("its own name");
+    let error = DatabaseUrl::parse(&server.url("127.0.0.1", "postgres", "sslmode=verify-ca"))
+        .expect_err("verify-ca without a root file");
+    assert!(error.problem.contains("needs sslrootcert=FILE"), "{error}");
+}
+
+/// libpq reads `~/.postgresql/root.crt`, `postgresql.crt` and
+/// `postgresql.key` when the parameters are not given; this worker never
+/// does. With the test CA and a valid client certificate there, verify-full
+/// without sslrootcert still trusts only the bundled roots, and the role
+/// that must show a client certificate shows none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_read_from_the_home_directory() {
+    let server = TlsServer::start("server").await;
+    let home = tempdir("pg-tls-home");
+    let dot = home.join(".postgresql");
+    std::fs::create_dir_all(&dot).unwrap();
+    for (from, to) in [
+        ("ca.crt", "root.crt"),
+        ("client.crt", "postgresql.crt"),
+        ("client.key", "postgresql.key"),
+    ] {
+        copy(&server.file(from), &dot.join(to));
+    }
+    let with_home = |url: &str| {
+        binary()
+            .arg("status")
+            .env("DATABASE_URL", url)
+            .env("HOME", &home)
+            .env("DATABASE_CONNECT_TIMEOUT", "3s")
+            .env("RUST_LOG", "off")
+            .output()
+            .expect("run the binary")
+    };
+    for (url, expected) in [
+        (
+            server.url("localhost", "postgres", "sslmode=verify-full"),
+            "not signed by a CA in the bundled webpki roots",
+        ),
+        (
+            server.client_url(&server.verify_full()),
+            "requires a valid client certificate",
+        ),
+    ] {
+        let output = with_home(&url);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(expected), "{expected:?} in: {stderr}");
+    }
 }

@@ -366,22 +366,9 @@ async fn subscribers_get_each_committed_batch_and_never_a_rolled_back_one() {
     );
 }
 
-#[derive(QueryableByName)]
-struct Name {
-    #[diesel(sql_type = Text)]
-    name: String,
-}
-
 /// Sorted names from a one-column (`name`) query.
 async fn names(db: &TestDb, sql: &str) -> Vec<String> {
-    let mut conn = db.conn().await;
-    let rows: Vec<Name> = diesel::sql_query(sql)
-        .load(&mut conn)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    let mut out: Vec<String> = rows.into_iter().map(|r| r.name).collect();
-    out.sort();
-    out
+    db.names(sql).await
 }
 
 const WORKER_INDEXES: &str = "SELECT indexname AS name FROM pg_indexes \

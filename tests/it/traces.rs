@@ -77,42 +77,8 @@ fn exported_spans(path: &std::path::Path) -> Vec<Span> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cycle_and_batch_spans_reach_the_collector_and_the_records_name_them() {
-    let collector_bin = std::env::var("OTELCOL_BIN")
-        .expect("OTELCOL_BIN: run the tests with scripts/test.sh, which builds the collector");
-    let dir = tempdir("otelcol");
-    let port = free_port();
-    let spans_file = dir.join("spans.jsonl");
-    let config = dir.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "receivers:\n  otlp:\n    protocols:\n      http:\n        endpoint: 127.0.0.1:{port}\n\
-             exporters:\n  file:\n    path: {}\n    flush_interval: 100ms\n\
-             service:\n  telemetry:\n    metrics:\n      level: none\n\
-             \x20 pipelines:\n    traces:\n      receivers: [otlp]\n      exporters: [file]\n",
-            spans_file.display()
-        ),
-    )
-    .unwrap();
-    let mut command = std::process::Command::new(&collector_bin);
-    command.arg(format!("--config=file:{}", config.display()));
-    let mut collector = Running::spawn(command);
-    let endpoint = format!("127.0.0.1:{port}");
-    let listening = tokio::time::timeout(Duration::from_secs(30), async {
-        while tokio::net::TcpStream::connect(&endpoint).await.is_err() {
-            if collector.child.try_wait().ok().flatten().is_some() {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        true
-    })
-    .await;
-    assert!(
-        matches!(listening, Ok(true)),
-        "the collector does not listen: {}",
-        collector.stderr()
-    );
+    let collector = Collector::start().await;
+    let (endpoint, spans_file) = (collector.endpoint.clone(), collector.spans_file.clone());
 
     // Two tenants, eight due bookings: four batches of two.
     let db = TestDb::new().await;
@@ -174,8 +140,7 @@ async fn cycle_and_batch_spans_reach_the_collector_and_the_records_name_them() {
         },
     )
     .await;
-    collector.terminate();
-    let _ = collector.wait(Duration::from_secs(30)).await;
+    collector.stop().await;
 
     let cycle = spans
         .iter()

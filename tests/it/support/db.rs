@@ -1,7 +1,7 @@
 //! A fresh, migrated database per test on the test PostgreSQL, dropped when
 //! the test ends (passed or failed), and booking fixtures.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
 use booking_expiration::{
     clock::{Clock, ManualClock},
@@ -116,6 +116,33 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{e:#}"))
     }
 
+    /// The values of a one-column query (a column `name`), sorted.
+    pub async fn names(&self, sql: &str) -> Vec<String> {
+        #[derive(diesel::QueryableByName)]
+        struct Name {
+            #[diesel(sql_type = Text)]
+            name: String,
+        }
+        let mut conn = self.conn().await;
+        let rows: Vec<Name> = diesel::sql_query(sql)
+            .load(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        let mut out: Vec<String> = rows.into_iter().map(|r| r.name).collect();
+        out.sort();
+        out
+    }
+
+    /// Gives `role` the worker's grants, `deploy/postgres/grants.sql`, run
+    /// as `as_url` (the owner of the tables, or a superuser).
+    pub async fn grant_worker(&self, as_url: &str, role: &str) {
+        const GRANTS_SQL: &str = include_str!("../../../deploy/postgres/grants.sql");
+        let sql = GRANTS_SQL.replace("TO booking_expiration;", &format!("TO {role};"));
+        testkit::postgres::exec(as_url, &sql)
+            .await
+            .unwrap_or_else(|e| panic!("grants.sql for {role}: {e:#}"));
+    }
+
     pub async fn exec_sql(&self, sql: &str) {
         let mut conn = self.conn().await;
         diesel::sql_query(sql)
@@ -188,38 +215,69 @@ impl TestDb {
 
 impl Drop for TestDb {
     /// Drops the database when its test ends, also when the test panicked.
-    /// `drop` may run on the test's runtime thread (where blocking on a
-    /// future panics), so the `DROP DATABASE` runs on a thread of its own
-    /// with its own runtime, bounded; a failure is reported, never raised
-    /// (a panic while unwinding would abort the whole test binary).
     fn drop(&mut self) {
         let (admin, name) = (self.admin.clone(), self.name.clone());
-        let dropper = std::thread::Builder::new()
-            .name(format!("drop {name}"))
-            .spawn(move || -> anyhow::Result<()> {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()?;
-                runtime.block_on(async {
-                    tokio::time::timeout(
-                        Duration::from_secs(30),
-                        testkit::postgres::drop_database(&admin, &name),
-                    )
-                    .await?
-                })
-            });
-        let outcome = match dropper {
-            Ok(thread) => thread
-                .join()
-                .unwrap_or_else(|_| Err(anyhow::anyhow!("the dropping thread panicked"))),
-            Err(error) => Err(error.into()),
-        };
-        if let Err(error) = outcome {
-            eprintln!(
-                "warning: test database {} not dropped: {error:#}",
-                self.name
-            );
+        cleanup(&format!("test database {name}"), async move {
+            testkit::postgres::drop_database(&admin, &name).await
+        });
+    }
+}
+
+/// Login roles of one test (roles belong to the whole server), dropped when
+/// the test ends, after the databases that were made after them.
+pub struct TestRoles {
+    pub names: Vec<String>,
+    admin: String,
+}
+
+impl TestRoles {
+    /// Creates each role with `CREATE ROLE {name} {options}`; the names get
+    /// a suffix of this test's own.
+    pub async fn create(roles: &[(&str, &str)]) -> Self {
+        let suffix = Uuid::new_v4().simple().to_string();
+        let admin = admin_url();
+        let mut names = Vec::new();
+        for (name, options) in roles {
+            let name = format!("be_test_{name}_{}", &suffix[..12]);
+            testkit::postgres::exec(&admin, &format!("CREATE ROLE {name} {options}"))
+                .await
+                .expect("create a role");
+            names.push(name);
         }
+        Self { names, admin }
+    }
+}
+
+impl Drop for TestRoles {
+    fn drop(&mut self) {
+        let (admin, names) = (self.admin.clone(), self.names.join(", "));
+        cleanup(&format!("roles {names}"), async move {
+            testkit::postgres::exec(&admin, &format!("DROP ROLE IF EXISTS {names}")).await
+        });
+    }
+}
+
+/// Runs a clean-up from `drop`, which may run on the test's runtime thread
+/// (where blocking on a future panics): on a thread of its own with its own
+/// runtime, bounded; a failure is reported, never raised (a panic while
+/// unwinding would abort the whole test binary).
+fn cleanup(what: &str, work: impl Future<Output = anyhow::Result<()>> + Send + 'static) {
+    let dropper = std::thread::Builder::new()
+        .name(format!("drop {what}"))
+        .spawn(move || -> anyhow::Result<()> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async { tokio::time::timeout(Duration::from_secs(30), work).await? })
+        });
+    let outcome = match dropper {
+        Ok(thread) => thread
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the dropping thread panicked"))),
+        Err(error) => Err(error.into()),
+    };
+    if let Err(error) = outcome {
+        eprintln!("warning: {what} not dropped: {error:#}");
     }
 }
 

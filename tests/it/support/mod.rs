@@ -7,6 +7,7 @@
 
 mod db;
 mod kafka;
+mod otelcol;
 mod process;
 mod scheduler;
 
@@ -27,6 +28,7 @@ use chrono::{DateTime, TimeZone, Utc};
 
 pub use db::*;
 pub use kafka::*;
+pub use otelcol::Collector;
 pub use process::*;
 pub use scheduler::Scheduler;
 

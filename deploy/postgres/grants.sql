@@ -1,0 +1,22 @@
+-- The grants of booking-expiration's worker role, exactly what its commands
+-- need: run, once, status, republish and outbox retry (docs/security.md,
+-- "Least privilege"). Run as the owner role (the one `migrate` ran as),
+-- after `migrate`. The role name is `booking_expiration`: rename it here
+-- if yours differs.
+--
+-- tests/it/privileges.rs applies this file to a role that has nothing
+-- else, runs every command with it, and takes each grant away in turn;
+-- src/db/privileges.rs checks the same list when a command starts.
+
+-- crm's table: read it, and write only the four columns an expiry sets.
+-- Never INSERT, DELETE, TRUNCATE, ALTER or ownership.
+GRANT SELECT ON bookings TO booking_expiration;
+GRANT UPDATE (status, expired_at, updated_at, version) ON bookings TO booking_expiration;
+
+-- The worker's audit trail: written by an expiry, read by republish.
+GRANT INSERT, SELECT ON booking_expiration_audit TO booking_expiration;
+
+-- The outbox: written by an expiry and by republish; claimed, marked,
+-- parked and deleted (retention) by the publisher; read by status; put
+-- back by outbox retry.
+GRANT INSERT, SELECT, UPDATE, DELETE ON booking_expiration_outbox TO booking_expiration;
