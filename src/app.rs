@@ -784,4 +784,3 @@ mod tests {
         assert!(command.ends_with(" --after 1 --dry-run"), "{command}");
     }
 }
-

@@ -230,7 +230,11 @@ fn replay_rows(f: &ReplayFigure, rows: &mut Vec<Row>) {
         rows.push(Row {
             figure: format!("republish --dry-run: {}, batch {}", row.label, f.batch),
             project: fixed(&row.ms, 0, "ms"),
-            baseline: format!("{}: {}", row.baseline_label, fixed(&row.baseline_ms, 0, "ms")),
+            baseline: format!(
+                "{}: {}",
+                row.baseline_label,
+                fixed(&row.baseline_ms, 0, "ms")
+            ),
             ratio: format!("{:.2}x", row.ratio),
             goal: match goal {
                 Some(g) => format!("<= {g}x (time follows the selection)"),
@@ -691,7 +695,12 @@ pub fn raw_numbers(r: &Results) -> String {
             f.seed_s,
             f.rows
                 .iter()
-                .map(|r| format!("{} [{}] vs [{}]", r.label.trim(), samples(&r.ms, 0), samples(&r.baseline_ms, 0)))
+                .map(|r| format!(
+                    "{} [{}] vs [{}]",
+                    r.label.trim(),
+                    samples(&r.ms, 0),
+                    samples(&r.baseline_ms, 0)
+                ))
                 .collect::<Vec<_>>()
                 .join("; ")
         );

@@ -38,11 +38,7 @@ pub struct ConcurrentBuild {
     pub index: &'static str,
 }
 
-const fn build(
-    version: &'static str,
-    table: &'static str,
-    index: &'static str,
-) -> ConcurrentBuild {
+const fn build(version: &'static str, table: &'static str, index: &'static str) -> ConcurrentBuild {
     ConcurrentBuild {
         version,
         table,
@@ -56,8 +52,16 @@ const fn build(
 /// expiry writes to. An interrupted build leaves the index `INVALID` and
 /// its migration unrecorded; the next run drops it before building again.
 pub const CONCURRENT_INDEX_BUILDS: [ConcurrentBuild; 5] = [
-    build("20261204000001", "bookings", "ix_bookings_reserve_expires_at"),
-    build("20261204000002", "bookings", "ix_bookings_booking_expires_at"),
+    build(
+        "20261204000001",
+        "bookings",
+        "ix_bookings_reserve_expires_at",
+    ),
+    build(
+        "20261204000002",
+        "bookings",
+        "ix_bookings_booking_expires_at",
+    ),
     build(
         "20261205000001",
         "booking_expiration_audit",
@@ -221,7 +225,10 @@ async fn prepare_concurrent(
     )
     .execute(conn)
     .await?;
-    if let Some(build) = CONCURRENT_INDEX_BUILDS.iter().find(|b| b.version == version) {
+    if let Some(build) = CONCURRENT_INDEX_BUILDS
+        .iter()
+        .find(|b| b.version == version)
+    {
         drop_invalid_index(conn, build.table, build.index).await?;
     }
     Ok(saved)

@@ -159,10 +159,10 @@ pub async fn id_bounds(
         return Ok(Some(IdBounds::default()));
     }
     let found: Bounds = diesel::sql_query(ID_BOUNDS_SQL)
-    .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
-    .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
-    .get_result(conn)
-    .await?;
+        .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
+        .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
+        .get_result(conn)
+        .await?;
     let (Some(first), Some(last)) = (found.first, found.last) else {
         return Ok(None);
     };

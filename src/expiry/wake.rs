@@ -317,7 +317,10 @@ mod tests {
             next_deadline: Some(at(7)),
             ..probing
         };
-        assert_eq!(next_wake(&POLICY, &known), (PROBE_INTERVAL, WakeReason::Probe));
+        assert_eq!(
+            next_wake(&POLICY, &known),
+            (PROBE_INTERVAL, WakeReason::Probe)
+        );
         let close = WakeInputs {
             now: at(7) - chrono::Duration::milliseconds(400),
             ..known
@@ -358,7 +361,10 @@ mod tests {
             until_tick: PROBE_INTERVAL,
             ..probing
         };
-        assert_eq!(next_wake(&POLICY, &soon), (PROBE_INTERVAL, WakeReason::Tick));
+        assert_eq!(
+            next_wake(&POLICY, &soon),
+            (PROBE_INTERVAL, WakeReason::Tick)
+        );
     }
 
     #[test]

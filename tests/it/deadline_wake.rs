@@ -203,7 +203,8 @@ fn lateness(stored: &StoredBooking) -> ChronoDuration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bookings_written_while_the_worker_sleeps_expire_within_a_second_of_their_deadline() {
     let db = TestDb::new().await;
-    let moved = NewBooking::new("AwaitingPayment").reserve_deadline(now() + ChronoDuration::hours(1));
+    let moved =
+        NewBooking::new("AwaitingPayment").reserve_deadline(now() + ChronoDuration::hours(1));
     db.insert(&moved).await;
     let scheduler = Scheduler::start(&db, default_settings());
     wait_until("the first cycle", Duration::from_secs(10), || async {
@@ -245,7 +246,10 @@ async fn bookings_written_while_the_worker_sleeps_expire_within_a_second_of_thei
     for id in &written {
         let stored = db.booking(*id).await;
         let late = lateness(&stored);
-        assert!(late > ChronoDuration::zero(), "{id}: expired at or before its deadline");
+        assert!(
+            late > ChronoDuration::zero(),
+            "{id}: expired at or before its deadline"
+        );
         assert!(
             late < ChronoDuration::seconds(1),
             "{id}: {} ms late",
@@ -277,7 +281,9 @@ fn one_small_batch_per_cycle() -> ExpirySettings {
 async fn rows_left_due_by_the_batch_cap_are_taken_after_the_gap_not_at_the_tick() {
     let db = TestDb::new().await;
     let due: Vec<NewBooking> = (0..23)
-        .map(|i| NewBooking::new("Reserved").reserve_deadline(now() - ChronoDuration::minutes(30 - i)))
+        .map(|i| {
+            NewBooking::new("Reserved").reserve_deadline(now() - ChronoDuration::minutes(30 - i))
+        })
         .collect();
     db.insert_all(&due).await;
     let scheduler = Scheduler::start(&db, one_small_batch_per_cycle());
@@ -289,7 +295,8 @@ async fn rows_left_due_by_the_batch_cap_are_taken_after_the_gap_not_at_the_tick(
     .await;
     scheduler.stop().await;
     assert_eq!(
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox").await,
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
         23
     );
 }
@@ -311,8 +318,12 @@ async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
         .collect();
     let good: Vec<NewBooking> = (0..12)
         .map(|i| {
-            NewBooking::new(if i % 2 == 0 { "Reserved" } else { "AwaitingPayment" })
-                .reserve_deadline(now() - ChronoDuration::minutes(30 - i))
+            NewBooking::new(if i % 2 == 0 {
+                "Reserved"
+            } else {
+                "AwaitingPayment"
+            })
+            .reserve_deadline(now() - ChronoDuration::minutes(30 - i))
         })
         .collect();
     db.insert_all(&poison).await;
@@ -328,9 +339,13 @@ async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
         assert_eq!(stored.status, "Reserved", "poison rows stay as they are");
         assert_eq!((stored.expired_at, stored.version), (None, 1));
     }
-    assert!(errors >= 5, "each poison row counted when refused: {errors}");
+    assert!(
+        errors >= 5,
+        "each poison row counted when refused: {errors}"
+    );
     assert_eq!(
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox").await,
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
         12
     );
 }
@@ -352,9 +367,11 @@ async fn poison_rows_set_aside_are_tried_again_at_each_tick() {
         },
     );
     // Refused at the first cycle, then at each tick: three ticks in about 2 s.
-    wait_until("the poison row refused at three ticks", Duration::from_secs(15), || async {
-        scheduler.metrics.errors.get() >= 3
-    })
+    wait_until(
+        "the poison row refused at three ticks",
+        Duration::from_secs(15),
+        || async { scheduler.metrics.errors.get() >= 3 },
+    )
     .await;
     scheduler.stop().await;
     assert_eq!(db.booking(poison.id).await.status, "Booked");

@@ -586,8 +586,14 @@ async fn a_stopped_replay_prints_the_whole_command_that_resumes_it() {
         );
     }
     let summary = json(stderr.lines().rev().find(|l| l.starts_with('{')).unwrap());
-    assert!(resume.contains(&format!("--replay-id {}", summary["replay_id"].as_str().unwrap())));
-    assert!(resume.contains(&format!("--after {}", summary["after"])), "{resume}");
+    assert!(resume.contains(&format!(
+        "--replay-id {}",
+        summary["replay_id"].as_str().unwrap()
+    )));
+    assert!(
+        resume.contains(&format!("--after {}", summary["after"])),
+        "{resume}"
+    );
     assert!(resume.contains("--batch-size 1") && resume.contains("--dry-run"));
     assert!(
         !first.is_empty() && first.len() < 4_000,
@@ -631,7 +637,10 @@ fn buffers(plan: &[PlanLine]) -> u64 {
 }
 
 fn plan_text(plan: &[PlanLine]) -> String {
-    plan.iter().map(|p| p.line.as_str()).collect::<Vec<_>>().join("\n")
+    plan.iter()
+        .map(|p| p.line.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[derive(diesel::QueryableByName)]
@@ -681,7 +690,10 @@ async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
         .await as u64;
     // One tenant (5,000 records), a 6-hour window (4,320), and one tenant
     // within a 2-day window (576).
-    let window = (start + chrono::Duration::days(9), start + chrono::Duration::days(9) + chrono::Duration::hours(6));
+    let window = (
+        start + chrono::Duration::days(9),
+        start + chrono::Duration::days(9) + chrono::Duration::hours(6),
+    );
     let selections = [
         (
             "tenant",
@@ -719,7 +731,11 @@ async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
             .expect("whole selection");
         assert!(all.len() > 3 * PAGE as usize, "{name}: {}", all.len());
         assert!(all.windows(2).all(|w| w[0].audit_id < w[1].audit_id));
-        for after in [0, all[all.len() / 2].audit_id, all[all.len() - PAGE as usize / 2].audit_id] {
+        for after in [
+            0,
+            all[all.len() / 2].audit_id,
+            all[all.len() - PAGE as usize / 2].audit_id,
+        ] {
             let explain = diesel::sql_query(format!(
                 "EXPLAIN (ANALYZE, BUFFERS) {}",
                 selection.page_sql(&bounds)
@@ -734,7 +750,9 @@ async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
             .bind::<Nullable<BigInt>, _>(bounds.last);
             let plan: Vec<PlanLine> = explain.load(&mut conn).await.expect("explain");
             let read = buffers(&plan);
-            eprintln!("{name}, page after {after}: {read} buffers (the trail: {table_pages} pages)");
+            eprintln!(
+                "{name}, page after {after}: {read} buffers (the trail: {table_pages} pages)"
+            );
             assert!(
                 read <= 6 * PAGE as u64,
                 "{name}: a page of {PAGE} read {read} buffers (the trail has {table_pages} pages):\n{}",
@@ -742,15 +760,25 @@ async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
             );
         }
         // The bounds, read once per replay, cost about the window's index entries.
-        let explain = diesel::sql_query(format!("EXPLAIN (ANALYZE, BUFFERS) {}", replay::ID_BOUNDS_SQL))
-            .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
-            .bind::<Nullable<Timestamptz>, _>(selection.expired_to);
+        let explain = diesel::sql_query(format!(
+            "EXPLAIN (ANALYZE, BUFFERS) {}",
+            replay::ID_BOUNDS_SQL
+        ))
+        .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
+        .bind::<Nullable<Timestamptz>, _>(selection.expired_to);
         let plan: Vec<PlanLine> = explain.load(&mut conn).await.expect("explain");
         let read = buffers(&plan);
         eprintln!("{name}, bounds: {read} buffers");
         if selection.expired_from.is_some() {
-            assert!(read <= 100, "{name}: the bounds read {read} buffers:\n{}", plan_text(&plan));
+            assert!(
+                read <= 100,
+                "{name}: the bounds read {read} buffers:\n{}",
+                plan_text(&plan)
+            );
         }
     }
-    assert!(table_pages > 3_000, "the trail is large: {table_pages} pages");
+    assert!(
+        table_pages > 3_000,
+        "the trail is large: {table_pages} pages"
+    );
 }

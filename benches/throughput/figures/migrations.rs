@@ -194,13 +194,20 @@ async fn run_once(svc: &Services, rows: u64) -> Result<Run> {
     }
     let mut conn = harness.into_inner();
     conn.batch_execute(&fill_sql(rows)).await?;
-    conn.batch_execute("VACUUM ANALYZE booking_expiration_outbox; VACUUM ANALYZE booking_expiration_audit;")
-        .await?;
+    conn.batch_execute(
+        "VACUUM ANALYZE booking_expiration_outbox; VACUUM ANALYZE booking_expiration_audit;",
+    )
+    .await?;
 
     let t0 = Instant::now();
     let writes = Arc::new(Mutex::new(Vec::<Write>::new()));
     let stop = CancellationToken::new();
-    let writer = tokio::spawn(write_loop(url.clone(), t0, Arc::clone(&writes), stop.clone()));
+    let writer = tokio::spawn(write_loop(
+        url.clone(),
+        t0,
+        Arc::clone(&writes),
+        stop.clone(),
+    ));
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut spans = Vec::new();
     let mut harness = AsyncMigrationHarness::new(conn);
@@ -219,7 +226,10 @@ async fn run_once(svc: &Services, rows: u64) -> Result<Run> {
     stop.cancel();
     writer.await.context("writer task")??;
     drop(harness);
-    let writes = writes.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    let writes = writes
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
     ensure!(writes.len() > 100, "only {} writes", writes.len());
     let before: Vec<f64> = writes
         .iter()

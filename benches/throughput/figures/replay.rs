@@ -49,7 +49,10 @@ const BATCH: u32 = 500;
 /// the seeded trail, and dropped for the "before" rows.
 const REPLAY_INDEXES: [(&str, &str); 3] = [
     ("ix_booking_expiration_audit_id", "(id)"),
-    ("ix_booking_expiration_audit_tenant_id_id", "(tenant_id, id)"),
+    (
+        "ix_booking_expiration_audit_tenant_id_id",
+        "(tenant_id, id)",
+    ),
     ("ix_booking_expiration_audit_at_id", "(at, id)"),
 ];
 
@@ -175,7 +178,11 @@ async fn seed_trail(svc: &Services, name: &str, records: u64) -> Result<(Uuid, D
         ))
         .await?;
         from = to + 1;
-        progress!("replay: {name}: {} of {} records", num(from as f64), num(records as f64));
+        progress!(
+            "replay: {name}: {} of {} records",
+            num(from as f64),
+            num(records as f64)
+        );
     }
     let mut build = String::from(
         "SET maintenance_work_mem = '512MB';
@@ -270,29 +277,45 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<ReplayFigure> {
             ms[slot].push(run);
         }
     }
-    let [large_tenant_ms, small_tenant_ms, large_window_ms, small_window_ms, large_x10_ms] =
-        ms.map(|m| Stat::of(&m));
+    let [
+        large_tenant_ms,
+        small_tenant_ms,
+        large_window_ms,
+        small_window_ms,
+        large_x10_ms,
+    ] = ms.map(|m| Stat::of(&m));
     let trail = |n: u64| format!("a trail of {} records", num(n as f64));
-    let row = |label: String, selected, ms: Stat, baseline_label: String, baseline: Stat, expected| ReplayRow {
-        label,
-        selected,
-        ratio: ms.median / baseline.median,
-        ms,
-        baseline_label,
-        baseline_ms: baseline,
-        expected_ratio: expected,
-    };
+    let row =
+        |label: String, selected, ms: Stat, baseline_label: String, baseline: Stat, expected| {
+            ReplayRow {
+                label,
+                selected,
+                ratio: ms.median / baseline.median,
+                ms,
+                baseline_label,
+                baseline_ms: baseline,
+                expected_ratio: expected,
+            }
+        };
     let mut rows = vec![
         row(
-            format!("one tenant's {} records from {}", num(SELECTED as f64), trail(records)),
+            format!(
+                "one tenant's {} records from {}",
+                num(SELECTED as f64),
+                trail(records)
+            ),
             SELECTED,
             large_tenant_ms,
             format!("the same from {}", trail(SMALL_TRAIL)),
-            small_tenant_ms.clone(),
+            small_tenant_ms,
             1.0,
         ),
         row(
-            format!("a window of {} records from {}", num(SELECTED as f64), trail(records)),
+            format!(
+                "a window of {} records from {}",
+                num(SELECTED as f64),
+                trail(records)
+            ),
             SELECTED,
             large_window_ms.clone(),
             format!("the same from {}", trail(SMALL_TRAIL)),
@@ -300,7 +323,11 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<ReplayFigure> {
             1.0,
         ),
         row(
-            format!("a window of {} records from {}", num((SELECTED * 10) as f64), trail(records)),
+            format!(
+                "a window of {} records from {}",
+                num((SELECTED * 10) as f64),
+                trail(records)
+            ),
             SELECTED * 10,
             large_x10_ms,
             format!("a window of {} from the same trail", num(SELECTED as f64)),
@@ -314,9 +341,13 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<ReplayFigure> {
         conn.batch_execute(&format!("DROP INDEX {index}")).await?;
     }
     drop(conn);
-    for (pick, indexed) in [(&large[0], &rows[0].ms), (&large[1], &rows[1].ms)] {
+    let indexed = [rows[0].ms.clone(), rows[1].ms.clone()];
+    for (pick, indexed) in large.iter().zip(indexed) {
         let before = replay_ms(svc, "rp_large", pick).await?;
-        progress!("replay: without the replay indexes, {} in {before:.0} ms", pick.name);
+        progress!(
+            "replay: without the replay indexes, {} in {before:.0} ms",
+            pick.name
+        );
         let label = format!(
             "  {}: the same without the replay indexes (before their migrations), 1 run",
             pick.name
@@ -326,7 +357,7 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<ReplayFigure> {
             pick.selected,
             Stat::of(&[before]),
             "with them".into(),
-            indexed.clone(),
+            indexed,
             f64::NAN,
         ));
     }

@@ -506,7 +506,10 @@ pub async fn schema_cost(svc: &Services, set: &DueSet<'_>, quick: bool) -> Resul
         for k in 0..n {
             let i = (rep * 7 + k) % n;
             let v = &VARIANTS[i];
-            let ddl = format!("{REPLAY_INDEXES_DROPPED}\n{BEFORE_LEAN_MIGRATION}\n{}", v.ddl);
+            let ddl = format!(
+                "{REPLAY_INDEXES_DROPPED}\n{BEFORE_LEAN_MIGRATION}\n{}",
+                v.ddl
+            );
             let run = timed_run(svc, set, &ddl, v.side).await?;
             let per_10k = run.secs * 1e3 * 10_000.0 / run.expired as f64;
             progress!(
