@@ -55,13 +55,23 @@ impl Selection {
         matches!((self.expired_from, self.expired_to), (Some(from), Some(to)) if from >= to)
     }
 
+    /// The tenants, each once, in order: what `$3` binds.
+    pub fn distinct_tenants(&self) -> Vec<Uuid> {
+        let mut tenants = self.tenant_ids.clone();
+        tenants.sort_unstable();
+        tenants.dedup();
+        tenants
+    }
+
     /// The page query: audit records of expiries after the cursor `$1`, in
     /// audit id order, at most `$6`, within the audit ids `$7`..=`$8` (the
     /// window's, [`IdBounds`]). Only the set filters are in the text, so a
     /// selection by booking ids probes the audit's booking_id index, one by
     /// tenant walks each tenant's `(tenant_id, id)` index entries in order
-    /// (a lateral scan per tenant, so a page reads at most a page per tenant),
-    /// and one by window walks the id index between its bounds.
+    /// (one branch per tenant, `$3` their [`Self::distinct_tenants`], so a
+    /// page reads at most a page per tenant), and one by window walks the id
+    /// index between its bounds. Run it as [`page`] does: in index order
+    /// only.
     pub fn page_sql(&self, bounds: &IdBounds) -> String {
         let expiries: Vec<String> = Phase::ALL
             .iter()
@@ -74,14 +84,22 @@ impl Selection {
         if !self.booking_ids.is_empty() {
             filters.push("a.booking_id = ANY($2)".to_owned());
         }
-        if !self.tenant_ids.is_empty() {
-            filters.push("a.tenant_id = ANY($3)".to_owned());
-        }
+        // Within the window's ids the time filter only drops the few rows
+        // that straddle its edges. Written so that no index on `at` can
+        // serve it: PostgreSQL takes the id range and the time range for
+        // independent, underestimates the rows by orders of magnitude, and
+        // would read the whole window through the `(at, id)` index and sort
+        // it for every page instead of walking the id index to the page's end.
+        let at = if bounds.first.is_some() || bounds.last.is_some() {
+            "(a.at + interval '0')"
+        } else {
+            "a.at"
+        };
         if self.expired_from.is_some() {
-            filters.push("a.at >= $4".to_owned());
+            filters.push(format!("{at} >= $4"));
         }
         if self.expired_to.is_some() {
-            filters.push("a.at < $5".to_owned());
+            filters.push(format!("{at} < $5"));
         }
         if bounds.first.is_some() {
             filters.push("a.id >= $7".to_owned());
@@ -91,15 +109,21 @@ impl Selection {
         }
         // By tenant (unless booking ids, a narrower index, are given): each
         // tenant's first page in id order from its own index, then the
-        // first page of their union.
-        let records = if !self.tenant_ids.is_empty() && self.booking_ids.is_empty() {
-            filters.push("a.tenant_id = t.tenant_id".to_owned());
-            format!(
-                "(SELECT DISTINCT unnest($3::uuid[]) AS tenant_id) t \
-                 CROSS JOIN LATERAL (SELECT * FROM booking_expiration_audit a \
-                                      WHERE {} ORDER BY a.id LIMIT $6) a",
-                filters.join(" AND ")
-            )
+        // first page of their union. `($3)[k]` is a constant when the
+        // statement is planned (its parameters are known then), so the
+        // planner sees each tenant's own share of the trail.
+        let tenants = self.distinct_tenants().len();
+        let records = if tenants > 0 && self.booking_ids.is_empty() {
+            let branches: Vec<String> = (1..=tenants)
+                .map(|k| {
+                    format!(
+                        "(SELECT * FROM booking_expiration_audit a \
+                          WHERE a.tenant_id = ($3::uuid[])[{k}] AND {} ORDER BY a.id LIMIT $6)",
+                        filters.join(" AND ")
+                    )
+                })
+                .collect();
+            format!("({}) a", branches.join(" UNION ALL "))
         } else {
             if !self.tenant_ids.is_empty() {
                 filters.push("a.tenant_id = ANY($3)".to_owned());
@@ -143,7 +167,8 @@ pub const ID_BOUNDS_SQL: &str = "SELECT min(id) AS first, max(id) AS last \
 /// The first and last audit id of the records in the selection's window,
 /// from the `(at, id)` index: `Some(IdBounds::default())` without a window,
 /// `None` when the window holds no record. An open side of the window stays
-/// open, so records written while the replay runs are still found.
+/// open, so records written while the replay runs are still found. Must run
+/// in a transaction (see [`index_order_only`]).
 pub async fn id_bounds(
     conn: &mut AsyncPgConnection,
     selection: &Selection,
@@ -158,6 +183,7 @@ pub async fn id_bounds(
     if selection.expired_from.is_none() && selection.expired_to.is_none() {
         return Ok(Some(IdBounds::default()));
     }
+    index_order_only(conn).await?;
     let found: Bounds = diesel::sql_query(ID_BOUNDS_SQL)
         .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
         .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
@@ -231,8 +257,28 @@ impl RecordRow {
     }
 }
 
+/// Turns off sequential and bitmap scans for the rest of the transaction
+/// (`set_config(…, true)` is `SET LOCAL`: nothing stays on the session, also
+/// through a transaction pooler). The replay reads the audit trail through
+/// its indexes only, in their order. A bitmap scan returns rows out of id
+/// order, so a page would read every remaining record of its range and sort
+/// them to keep one page; a sequential scan reads the whole trail.
+/// PostgreSQL picks them when it expects few rows, and for a window or a
+/// tenant in a window it underestimates the rows by orders of magnitude (it
+/// takes the id and time ranges for independent).
+async fn index_order_only(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
+    diesel::sql_query(
+        "SELECT set_config('enable_seqscan', 'off', true), \
+                set_config('enable_bitmapscan', 'off', true)",
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// The next page of expiry records after `after` (an audit id), within
-/// `bounds` (from [`id_bounds`]).
+/// `bounds` (from [`id_bounds`]). Must run in a transaction (see
+/// [`index_order_only`]).
 pub async fn page(
     conn: &mut AsyncPgConnection,
     selection: &Selection,
@@ -240,10 +286,11 @@ pub async fn page(
     after: i64,
     limit: u32,
 ) -> Result<Vec<RecordRow>, DbError> {
+    index_order_only(conn).await?;
     Ok(diesel::sql_query(selection.page_sql(bounds))
         .bind::<BigInt, _>(after)
         .bind::<Array<SqlUuid>, _>(&selection.booking_ids)
-        .bind::<Array<SqlUuid>, _>(&selection.tenant_ids)
+        .bind::<Array<SqlUuid>, _>(selection.distinct_tenants())
         .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
         .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
         .bind::<BigInt, _>(i64::from(limit))
@@ -348,11 +395,24 @@ mod tests {
             first: Some(10),
             last: Some(20),
         };
-        let sql = window.page_sql(&bounded);
+        let sql = window.page_sql(&open);
         assert!(sql.contains("a.at >= $4") && sql.contains("a.at < $5"));
+        let sql = window.page_sql(&bounded);
+        assert!(
+            sql.contains("(a.at + interval '0') >= $4")
+                && sql.contains("(a.at + interval '0') < $5")
+        );
         assert!(sql.contains("a.id >= $7") && sql.contains("a.id <= $8"));
-        assert!(sql.contains("CROSS JOIN LATERAL") && sql.contains("DISTINCT unnest($3::uuid[])"));
-        assert!(sql.contains("a.tenant_id = t.tenant_id") && !sql.contains("$2"));
+        assert_eq!(window.distinct_tenants().len(), 1);
+        assert!(sql.contains("a.tenant_id = ($3::uuid[])[1]") && !sql.contains("[2]"));
+        assert!(!sql.contains("$2") && !sql.contains("ANY($3)"));
+        let two = Selection {
+            tenant_ids: vec![Uuid::from_u128(2), Uuid::nil(), Uuid::from_u128(2)],
+            ..Selection::default()
+        };
+        assert_eq!(two.distinct_tenants(), [Uuid::nil(), Uuid::from_u128(2)]);
+        let sql = two.page_sql(&open);
+        assert!(sql.contains("[2]") && !sql.contains("[3]") && sql.contains(" UNION ALL "));
         assert!(window.is_restricted());
         assert!(!Selection::default().is_restricted());
         // Booking ids and tenants: the booking index, the tenant a filter.
@@ -361,7 +421,7 @@ mod tests {
             ..window.clone()
         };
         let sql = both.page_sql(&bounded);
-        assert!(sql.contains("a.tenant_id = ANY($3)") && !sql.contains("LATERAL"));
+        assert!(sql.contains("a.tenant_id = ANY($3)") && !sql.contains("UNION ALL"));
     }
 
     #[test]
