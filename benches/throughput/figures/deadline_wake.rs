@@ -204,27 +204,13 @@ pub async fn lateness(svc: &Services, quick: bool) -> Result<Lateness> {
     let mut sides = Vec::new();
     for i in 0..2 {
         let row = lateness_of(&mut conns[i]).await?;
-        let side = LatenessSide {
-            mode: modes[i],
-            expired: row.expired as u64,
-            pending: row.pending as u64,
-            at_or_before_deadline: row.early as u64,
-            p50_s: row.p50.unwrap_or(f64::NAN),
-            p99_s: row.p99.unwrap_or(f64::NAN),
-            max_s: row.max.unwrap_or(f64::NAN),
-            done_after_last_deadline_s: done_after[i],
-            clean_exit: clean[i],
-        };
-        progress!(
-            "lateness {}: {} expired, {} at or before the deadline, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
-            side.mode.label(),
-            side.expired,
-            side.at_or_before_deadline,
-            side.p50_s,
-            side.p99_s,
-            side.max_s
-        );
-        sides.push(side);
+        sides.push(LatenessSide::of(
+            "lateness",
+            modes[i],
+            &row,
+            done_after[i],
+            clean[i],
+        ));
     }
     drop(conns);
     for db in &dbs {
@@ -255,6 +241,33 @@ struct LateRow {
     p99: Option<f64>,
     #[diesel(sql_type = Nullable<Double>)]
     max: Option<f64>,
+}
+
+impl LatenessSide {
+    /// One mode's rows read back, reported as a progress line of `figure`.
+    fn of(figure: &str, mode: Mode, row: &LateRow, done_after: f64, clean: bool) -> Self {
+        let side = Self {
+            mode,
+            expired: row.expired as u64,
+            pending: row.pending as u64,
+            at_or_before_deadline: row.early as u64,
+            p50_s: row.p50.unwrap_or(f64::NAN),
+            p99_s: row.p99.unwrap_or(f64::NAN),
+            max_s: row.max.unwrap_or(f64::NAN),
+            done_after_last_deadline_s: done_after,
+            clean_exit: clean,
+        };
+        progress!(
+            "{figure} {}: {} expired, {} at or before the deadline, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
+            side.mode.label(),
+            side.expired,
+            side.at_or_before_deadline,
+            side.p50_s,
+            side.p99_s,
+            side.max_s
+        );
+        side
+    }
 }
 
 /// `expired_at` − deadline over the rows, in seconds.
@@ -373,16 +386,7 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     {
         let mut admin = svc.admin().await?;
         for db in &dbs {
-            let rows: Vec<CallsRow> = diesel::sql_query(
-                "SELECT s.calls, s.query FROM pg_stat_statements s
-                   JOIN pg_database d ON d.oid = s.dbid
-                  WHERE d.datname = $1 AND s.toplevel
-                  ORDER BY s.calls DESC",
-            )
-            .bind::<Text, _>(db)
-            .load(&mut admin)
-            .await?;
-            counted.push(rows);
+            counted.push(calls_of(&mut admin, db).await?);
         }
     }
     let window_s = reset.elapsed().as_secs_f64();
@@ -391,37 +395,14 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     }
     let mut expired = Vec::new();
     for db in &dbs {
-        let mut conn = AsyncPgConnection::establish(&svc.url_of(db)).await?;
-        expired.push(
-            crate::support::count(
-                &mut conn,
-                "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
-            )
-            .await? as u64,
-        );
+        expired.push(expired_count(&svc.url_of(db)).await?);
     }
     for instance in instances {
         instance.stop().await;
     }
     let mut runs = Vec::new();
     for (i, (mode, n)) in configs.into_iter().enumerate() {
-        let statements: i64 = counted[i].iter().map(|r| r.calls).sum();
-        let run = StatementsRun {
-            mode,
-            instances: n,
-            statements,
-            window_s,
-            per_minute: statements as f64 * 60.0 / window_s,
-            expired_in_window: expired[i],
-            top: counted[i]
-                .iter()
-                .take(8)
-                .map(|r| {
-                    let one_line = r.query.split_whitespace().collect::<Vec<_>>().join(" ");
-                    (r.calls, one_line.chars().take(160).collect())
-                })
-                .collect(),
-        };
+        let run = StatementsRun::of(mode, n, &counted[i], window_s, expired[i]);
         progress!(
             "statements {} x{n}: {} in {:.1} s = {:.0}/min, {} of {} expired",
             mode.label(),
@@ -450,6 +431,53 @@ struct CallsRow {
     calls: i64,
     #[diesel(sql_type = Text)]
     query: String,
+}
+
+/// The top-level statements `db` ran since the last reset, most frequent
+/// first; a bench writer's `INSERT INTO bookings` is not the worker's.
+async fn calls_of(admin: &mut AsyncPgConnection, db: &str) -> Result<Vec<CallsRow>> {
+    Ok(diesel::sql_query(
+        "SELECT s.calls, s.query FROM pg_stat_statements s
+           JOIN pg_database d ON d.oid = s.dbid
+          WHERE d.datname = $1 AND s.toplevel AND s.query NOT LIKE 'INSERT INTO bookings%'
+          ORDER BY s.calls DESC",
+    )
+    .bind::<Text, _>(db)
+    .load(admin)
+    .await?)
+}
+
+/// Bookings expired so far in the database at `url`.
+async fn expired_count(url: &str) -> Result<u64> {
+    let mut conn = AsyncPgConnection::establish(url).await?;
+    Ok(crate::support::count(
+        &mut conn,
+        "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
+    )
+    .await? as u64)
+}
+
+impl StatementsRun {
+    /// One configuration's counts over a window of `window_s`.
+    fn of(mode: Mode, instances: u32, calls: &[CallsRow], window_s: f64, expired: u64) -> Self {
+        let statements: i64 = calls.iter().map(|r| r.calls).sum();
+        Self {
+            mode,
+            instances,
+            statements,
+            window_s,
+            per_minute: statements as f64 * 60.0 / window_s,
+            expired_in_window: expired,
+            top: calls
+                .iter()
+                .take(8)
+                .map(|r| {
+                    let one_line = r.query.split_whitespace().collect::<Vec<_>>().join(" ");
+                    (r.calls, one_line.chars().take(160).collect())
+                })
+                .collect(),
+        }
+    }
 }
 
 // ------------------------------------------------------- deadline -> Kafka
@@ -723,38 +751,9 @@ pub async fn late_arrivals(svc: &Services, quick: bool) -> Result<LateArrivals> 
         let mut admin = svc.admin().await?;
         let window_s = reset.elapsed().as_secs_f64();
         for ((mode, writes), db) in configs.iter().zip(&dbs) {
-            let rows: Vec<CallsRow> = diesel::sql_query(
-                "SELECT s.calls, s.query FROM pg_stat_statements s
-                   JOIN pg_database d ON d.oid = s.dbid
-                  WHERE d.datname = $1 AND s.toplevel AND s.query NOT LIKE 'INSERT INTO bookings%'
-                  ORDER BY s.calls DESC",
-            )
-            .bind::<Text, _>(db)
-            .load(&mut admin)
-            .await?;
-            let statements: i64 = rows.iter().map(|r| r.calls).sum();
-            let mut conn = AsyncPgConnection::establish(&svc.url_of(db)).await?;
-            let expired = crate::support::count(
-                &mut conn,
-                "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
-            )
-            .await? as u64;
-            let run = StatementsRun {
-                mode: *mode,
-                instances: 1,
-                statements,
-                window_s,
-                per_minute: statements as f64 * 60.0 / window_s,
-                expired_in_window: expired,
-                top: rows
-                    .iter()
-                    .take(8)
-                    .map(|r| {
-                        let one_line = r.query.split_whitespace().collect::<Vec<_>>().join(" ");
-                        (r.calls, one_line.chars().take(160).collect())
-                    })
-                    .collect(),
-            };
+            let calls = calls_of(&mut admin, db).await?;
+            let expired = expired_count(&svc.url_of(db)).await?;
+            let run = StatementsRun::of(*mode, 1, &calls, window_s, expired);
             progress!(
                 "late arrivals: statements {} {}: {} in {window_s:.1} s = {:.0}/min",
                 mode.label(),
@@ -785,27 +784,13 @@ pub async fn late_arrivals(svc: &Services, quick: bool) -> Result<LateArrivals> 
             None => false,
         };
         let row = lateness_of(writer).await?;
-        let side = LatenessSide {
-            mode: configs[i].0,
-            expired: row.expired as u64,
-            pending: row.pending as u64,
-            at_or_before_deadline: row.early as u64,
-            p50_s: row.p50.unwrap_or(f64::NAN),
-            p99_s: row.p99.unwrap_or(f64::NAN),
-            max_s: row.max.unwrap_or(f64::NAN),
-            done_after_last_deadline_s: done_after,
-            clean_exit: clean,
-        };
-        progress!(
-            "late arrivals {}: {} expired, {} at or before the deadline, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
-            side.mode.label(),
-            side.expired,
-            side.at_or_before_deadline,
-            side.p50_s,
-            side.p99_s,
-            side.max_s
-        );
-        sides.push(side);
+        sides.push(LatenessSide::of(
+            "late arrivals",
+            configs[i].0,
+            &row,
+            done_after,
+            clean,
+        ));
     }
     for instance in instances.into_iter().flatten() {
         instance.stop().await;
