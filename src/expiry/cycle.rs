@@ -279,10 +279,13 @@ impl ExpiryWorker {
             expired_in_capped_batches: 0,
             refused_ids: [Vec::new(), Vec::new()],
         };
-        let mut progress = Phase::ALL.map(|phase| PhaseProgress {
-            refused_ids: earlier.ids(phase).to_vec(),
-            earlier_refused: earlier.ids(phase).len(),
-            ..PhaseProgress::default()
+        let mut progress = Phase::ALL.map(|phase| {
+            let refused_ids = earlier.ids(phase);
+            PhaseProgress {
+                earlier_refused: refused_ids.len(),
+                refused_ids,
+                ..PhaseProgress::default()
+            }
         });
         // The tenants of the expired bookings, an attribute of the cycle span.
         let mut tenants = BTreeSet::new();

@@ -2,7 +2,7 @@
 //! [`scheduler::run`] repeats it until shutdown, waking at each regular tick
 //! and (unless turned off) just after the next known deadline
 //! ([`wake::next_wake`], pure), and leaving out the poison rows earlier
-//! cycles refused until the next tick ([`refused::RefusedRows`]).
+//! cycles refused for an interval or two ([`refused::RefusedRows`]).
 
 mod cycle;
 pub mod refused;

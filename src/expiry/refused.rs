@@ -5,11 +5,16 @@
 //! batches. Across cycles the scheduler keeps them here and the next cycles
 //! leave them out too: with `EXPIRATION_MAX_BATCHES_PER_CYCLE=1`, a batch of
 //! poison rows with the oldest deadlines would otherwise be selected again by
-//! every cycle, and nothing behind it would ever expire. The memory is
-//! bounded ([`RefusedRows::new`]) and emptied at every regular tick, so each
-//! poison row is still tried again (logged at ERROR and counted in
-//! `errors_total`) once per interval, and a row crm repaired meanwhile is
-//! expired at the latest by the tick after its repair.
+//! every cycle, and nothing behind it would ever expire.
+//!
+//! A refused row stays set aside for the rest of the interval in which it
+//! was refused and the whole interval after it: the scheduler calls
+//! [`RefusedRows::tick`] at each regular tick, which forgets what the
+//! previous tick kept. So each poison row is tried again (logged at ERROR and
+//! counted in `errors_total`) every second interval, and on the fixed
+//! schedule, where every cycle is a tick, every other cycle takes the rows
+//! behind it. A row crm repaired meanwhile expires at the latest two ticks
+//! after its repair. The memory is bounded ([`RefusedRows::new`]).
 
 use uuid::Uuid;
 
@@ -21,8 +26,11 @@ pub const MIN_REMEMBERED_PER_PHASE: usize = 1_000;
 /// Refused rows per phase, at most `limit` each.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefusedRows {
-    /// Indexed by `phase as usize`, the phase's place in `Phase::ALL`.
-    ids: [Vec<Uuid>; 2],
+    /// Per phase (indexed by `phase as usize`, its place in `Phase::ALL`):
+    /// refused since the last tick.
+    recent: [Vec<Uuid>; 2],
+    /// Per phase: refused in the interval before the last tick.
+    older: [Vec<Uuid>; 2],
     limit: usize,
 }
 
@@ -45,40 +53,46 @@ impl RefusedRows {
 
     fn with_limit(limit: usize) -> Self {
         Self {
-            ids: [Vec::new(), Vec::new()],
+            recent: [Vec::new(), Vec::new()],
+            older: [Vec::new(), Vec::new()],
             limit,
         }
     }
 
     /// The rows of `phase` the next cycle leaves out.
-    pub fn ids(&self, phase: Phase) -> &[Uuid] {
-        &self.ids[phase as usize]
+    pub fn ids(&self, phase: Phase) -> Vec<Uuid> {
+        let i = phase as usize;
+        [self.older[i].as_slice(), self.recent[i].as_slice()].concat()
     }
 
     /// Remembers `refused` rows of `phase` while there is room; returns how
     /// many were added (ids already remembered are not added twice).
     pub fn remember(&mut self, phase: Phase, refused: &[Uuid]) -> usize {
-        let ids = &mut self.ids[phase as usize];
-        let before = ids.len();
+        let i = phase as usize;
+        let (older, recent) = (&self.older[i], &mut self.recent[i]);
+        let before = recent.len();
         for id in refused {
-            if ids.len() >= self.limit {
+            if older.len() + recent.len() >= self.limit {
                 break;
             }
-            if !ids.contains(id) {
-                ids.push(*id);
+            if !older.contains(id) && !recent.contains(id) {
+                recent.push(*id);
             }
         }
-        ids.len() - before
+        recent.len() - before
     }
 
-    /// Forgets every row: the next cycle tries them all again.
-    pub fn clear(&mut self) {
-        self.ids.iter_mut().for_each(Vec::clear);
+    /// A regular tick: forgets the rows refused before the previous tick
+    /// (the next cycle tries them again) and keeps those refused since.
+    pub fn tick(&mut self) {
+        for (older, recent) in self.older.iter_mut().zip(&mut self.recent) {
+            *older = std::mem::take(recent);
+        }
     }
 
     /// Rows remembered over both phases.
     pub fn len(&self) -> usize {
-        self.ids.iter().map(Vec::len).sum()
+        self.older.iter().chain(&self.recent).map(Vec::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -100,11 +114,30 @@ mod tests {
         let first = ids(3);
         assert_eq!(refused.remember(Phase::Reserve, &first), 3);
         assert_eq!(refused.remember(Phase::Reserve, &first[..2]), 0);
-        assert_eq!(refused.ids(Phase::Reserve), first.as_slice());
+        assert_eq!(refused.ids(Phase::Reserve), first);
         assert!(refused.ids(Phase::Booking).is_empty());
         assert_eq!(refused.len(), 3);
-        refused.clear();
+        // Kept across one tick (not added again), forgotten at the second.
+        refused.tick();
+        assert_eq!(refused.remember(Phase::Reserve, &first), 0);
+        assert_eq!(refused.ids(Phase::Reserve), first);
+        refused.tick();
         assert!(refused.is_empty());
+    }
+
+    #[test]
+    fn a_row_refused_again_after_it_was_forgotten_is_set_aside_again() {
+        // The fixed schedule with one batch per cycle: every cycle is a
+        // tick. Cycle 1 refuses the poison rows; cycle 2 leaves them out
+        // and takes the rows behind them; cycle 3 tries them again.
+        let mut refused = RefusedRows::new(5);
+        let poison = ids(5);
+        assert_eq!(refused.remember(Phase::Booking, &poison), 5);
+        refused.tick();
+        assert_eq!(refused.ids(Phase::Booking), poison, "left out at cycle 2");
+        refused.tick();
+        assert!(refused.ids(Phase::Booking).is_empty(), "tried at cycle 3");
+        assert_eq!(refused.remember(Phase::Booking, &poison), 5);
     }
 
     #[test]
@@ -116,11 +149,14 @@ mod tests {
             MIN_REMEMBERED_PER_PHASE
         );
         // The first ones (the oldest deadlines: batches are in deadline
-        // order) are kept; a full memory adds nothing more.
+        // order) are kept; a full memory adds nothing more, also after a
+        // tick (the older ones still count).
         assert_eq!(
             refused.ids(Phase::Booking),
             &many[..MIN_REMEMBERED_PER_PHASE]
         );
+        assert_eq!(refused.remember(Phase::Booking, &ids(1)), 0);
+        refused.tick();
         assert_eq!(refused.remember(Phase::Booking, &ids(1)), 0);
         let mut large_batches = RefusedRows::new(5_000);
         assert_eq!(large_batches.remember(Phase::Reserve, &ids(5_000)), 5_000);

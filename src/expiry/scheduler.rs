@@ -8,7 +8,7 @@
 //! skipped, not queued. What to wait for is decided by the pure
 //! [`next_wake`] and [`backlog_left`]; this task only sleeps, probes, runs
 //! cycles and stops. It also keeps the poison rows earlier cycles refused
-//! ([`RefusedRows`]), left out of the cycles until the next tick.
+//! ([`RefusedRows`]), left out of the cycles until the tick after next.
 
 use std::{sync::Arc, time::Duration};
 
@@ -93,8 +93,9 @@ pub async fn run(
         // grid keeps its phase and skips the ticks that were missed.
         let now = Instant::now();
         if next_tick <= now {
-            // Each tick tries the refused rows again (logged and counted).
-            refused.clear();
+            // Rows refused before the previous tick are tried again (logged
+            // and counted); those refused since stay set aside.
+            refused.tick();
         }
         while next_tick <= now {
             next_tick += policy.interval;
