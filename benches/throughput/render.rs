@@ -690,9 +690,14 @@ pub fn raw_numbers(r: &Results) -> String {
     if let Some(f) = &r.replay {
         let _ = writeln!(
             out,
-            "\nReplay: the large trail ({} records, and a booking each) seeded in {:.0} s; ms per replay: {}.",
+            "\nReplay: the large trail ({} records, and a booking each) seeded in {:.0} s; the replay's indexes built CONCURRENTLY on it in {}; ms per replay: {}.",
             num(f.records as f64),
             f.seed_s,
+            f.index_builds
+                .iter()
+                .map(|b| format!("{:.1} s ({})", b.s, b.index))
+                .collect::<Vec<_>>()
+                .join(", "),
             f.rows
                 .iter()
                 .map(|r| format!(

@@ -66,8 +66,17 @@ pub struct ReplayFigure {
     pub batch: u32,
     /// Seeding the large trail (bookings, records, indexes, VACUUM ANALYZE).
     pub seed_s: f64,
+    /// The replay's indexes built `CONCURRENTLY` on the large trail.
+    pub index_builds: Vec<IndexBuild>,
     pub rows: Vec<ReplayRow>,
     pub loadavg_at_start: [f64; 3],
+}
+
+/// One index build on the large trail.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct IndexBuild {
+    pub index: String,
+    pub s: f64,
 }
 
 /// One selection against its baseline.
@@ -128,8 +137,8 @@ fn picks(tenant: Uuid, records: u64, start: DateTime<Utc>, times: u64) -> [Pick;
 
 /// Seeds a trail of `records` in a fresh database `name`: bookings and
 /// audit records as the worker leaves them, then the indexes, then
-/// `VACUUM ANALYZE`. Returns the small tenant and the first record's time.
-async fn seed_trail(svc: &Services, name: &str, records: u64) -> Result<(Uuid, DateTime<Utc>)> {
+/// `VACUUM ANALYZE`.
+async fn seed_trail(svc: &Services, name: &str, records: u64) -> Result<Trail> {
     svc.drop_db(name).await?;
     svc.admin_exec(&format!("CREATE DATABASE {name}")).await?;
     let url = svc.url_of(name);
@@ -184,20 +193,45 @@ async fn seed_trail(svc: &Services, name: &str, records: u64) -> Result<(Uuid, D
             num(records as f64)
         );
     }
-    let mut build = String::from(
+    conn.batch_execute(
         "SET maintenance_work_mem = '512MB';
          ALTER TABLE bookings ADD CONSTRAINT bookings_pkey PRIMARY KEY (id);
-         CREATE INDEX ix_booking_expiration_audit_booking_id ON booking_expiration_audit (booking_id);",
-    );
+         CREATE INDEX ix_booking_expiration_audit_booking_id ON booking_expiration_audit (booking_id);
+         RESET maintenance_work_mem;",
+    )
+    .await?;
+    // The replay's indexes as their migrations build them (CONCURRENTLY,
+    // one statement outside a transaction, default settings), timed: what
+    // `migrate` takes on a trail this long.
+    let mut builds = Vec::new();
     for (index, columns) in REPLAY_INDEXES {
-        build.push_str(&format!(
-            "CREATE INDEX {index} ON booking_expiration_audit {columns};"
-        ));
+        let started = Instant::now();
+        conn.batch_execute(&format!(
+            "CREATE INDEX CONCURRENTLY {index} ON booking_expiration_audit {columns}"
+        ))
+        .await?;
+        let s = started.elapsed().as_secs_f64();
+        progress!("replay: {name}: {index} built CONCURRENTLY in {s:.1} s");
+        builds.push(IndexBuild {
+            index: index.into(),
+            s,
+        });
     }
-    conn.batch_execute(&build).await?;
     conn.batch_execute("VACUUM ANALYZE bookings; VACUUM ANALYZE booking_expiration_audit;")
         .await?;
-    Ok((tenant, start))
+    Ok(Trail {
+        tenant,
+        start,
+        builds,
+    })
+}
+
+/// A seeded trail: its small tenant, its first record's time, and how long
+/// the replay's indexes took to build on it.
+struct Trail {
+    tenant: Uuid,
+    start: DateTime<Utc>,
+    builds: Vec<IndexBuild>,
 }
 
 /// One dry-run replay of `pick` on `db`; its wall time in ms.
@@ -242,13 +276,13 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<ReplayFigure> {
     );
     let loadavg_at_start = loadavg();
     let seed_started = Instant::now();
-    let (large_tenant, large_start) = seed_trail(svc, "rp_large", records).await?;
+    let large_trail = seed_trail(svc, "rp_large", records).await?;
     let seed_s = seed_started.elapsed().as_secs_f64();
     progress!("replay: large trail seeded in {seed_s:.0} s");
-    let (small_tenant, small_start) = seed_trail(svc, "rp_small", SMALL_TRAIL).await?;
-    let large = picks(large_tenant, records, large_start, 1);
-    let small = picks(small_tenant, SMALL_TRAIL, small_start, 1);
-    let [_, large_window_x10] = picks(large_tenant, records, large_start, 10);
+    let small_trail = seed_trail(svc, "rp_small", SMALL_TRAIL).await?;
+    let large = picks(large_trail.tenant, records, large_trail.start, 1);
+    let small = picks(small_trail.tenant, SMALL_TRAIL, small_trail.start, 1);
+    let [_, large_window_x10] = picks(large_trail.tenant, records, large_trail.start, 10);
     // Warm both: the first replay of each reads its pages from disk.
     for (db, pick) in [("rp_large", &large[0]), ("rp_small", &small[0])] {
         replay_ms(svc, db, pick).await?;
@@ -369,6 +403,7 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<ReplayFigure> {
         small_records: SMALL_TRAIL,
         batch: BATCH,
         seed_s,
+        index_builds: large_trail.builds,
         rows,
         loadavg_at_start,
     })
