@@ -217,7 +217,7 @@ async fn seed_trail(svc: &Services, name: &str, records: u64) -> Result<Trail> {
             s,
         });
     }
-    conn.batch_execute("VACUUM ANALYZE bookings; VACUUM ANALYZE booking_expiration_audit;")
+    conn.batch_execute("VACUUM ANALYZE bookings, booking_expiration_audit")
         .await?;
     Ok(Trail {
         tenant,
