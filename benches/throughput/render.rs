@@ -228,7 +228,11 @@ fn replay_rows(f: &ReplayFigure, rows: &mut Vec<Row>) {
             None
         };
         rows.push(Row {
-            figure: format!("republish --dry-run: {}, batch {}", row.label, f.batch),
+            // Sub-rows (indented labels) belong to the row above.
+            figure: match row.label.strip_prefix("  ") {
+                Some(sub) => format!("  {sub}"),
+                None => format!("republish --dry-run: {}, batch {}", row.label, f.batch),
+            },
             project: fixed(&row.ms, 0, "ms"),
             baseline: format!(
                 "{}: {}",
