@@ -222,11 +222,7 @@ pub fn figures_table(r: &Results) -> String {
 /// smaller selection), and without the replay's indexes.
 fn replay_rows(f: &ReplayFigure, rows: &mut Vec<Row>) {
     for row in &f.rows {
-        let goal = if row.expected_ratio == 1.0 {
-            Some(REPLAY_RATIO_GOAL)
-        } else {
-            None
-        };
+        let goal = (row.expected_ratio == Some(1.0)).then_some(REPLAY_RATIO_GOAL);
         rows.push(Row {
             // Sub-rows (indented labels) belong to the row above.
             figure: match row.label.strip_prefix("  ") {
@@ -242,10 +238,9 @@ fn replay_rows(f: &ReplayFigure, rows: &mut Vec<Row>) {
             ratio: format!("{:.2}x", row.ratio),
             goal: match goal {
                 Some(g) => format!("<= {g}x (time follows the selection)"),
-                None if row.expected_ratio.is_finite() => {
-                    format!("about {:.0}x (ten times the records)", row.expected_ratio)
-                }
-                None => "-".into(),
+                None => row.expected_ratio.map_or("-".into(), |r| {
+                    format!("about {r:.0}x (ten times the records)")
+                }),
             },
             met: goal.map_or("-".into(), |g| met(row.ratio <= g)),
             load: f.loadavg_at_start,
