@@ -582,11 +582,9 @@ pub async fn republish(
             "name what to replay: --booking-id, --tenant, --expired-from or --expired-to",
         )));
     }
-    if let (true, Some(from), Some(to)) = (
-        request.selection.window_is_empty(),
-        request.selection.expired_from,
-        request.selection.expired_to,
-    ) {
+    if let (Some(from), Some(to)) = (request.selection.expired_from, request.selection.expired_to)
+        && request.selection.window_is_empty()
+    {
         return Err(AppError::Config(ConfigError::new(
             "--expired-from",
             format!(

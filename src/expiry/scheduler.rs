@@ -22,6 +22,7 @@ use super::{
 };
 use crate::{
     clock::Clock,
+    domain::Phase,
     telemetry::{ErrorChain, Health, Metrics},
 };
 
@@ -110,10 +111,7 @@ pub async fn run(
                 health.record_cycle_success(now);
                 metrics.last_success_timestamp_seconds.set(now.timestamp());
                 let mut set_aside = 0;
-                for (phase, ids) in crate::domain::Phase::ALL
-                    .into_iter()
-                    .zip(&outcome.refused_ids)
-                {
+                for (phase, ids) in Phase::ALL.into_iter().zip(&outcome.refused_ids) {
                     set_aside += refused.remember(phase, ids);
                 }
                 backlog = backlog_left(
