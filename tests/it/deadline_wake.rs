@@ -12,6 +12,7 @@ use crate::support::*;
 use booking_expiration::{
     clock::{Clock, SystemClock},
     config::ExpirySettings,
+    domain::Phase,
 };
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 
@@ -301,6 +302,34 @@ async fn rows_left_due_by_the_batch_cap_are_taken_after_the_gap_not_at_the_tick(
     );
 }
 
+/// Inserts `poison` due rows of `phase` the domain refuses (no deal), with
+/// the oldest deadlines, and `good` due rows behind them; returns both.
+async fn poison_at_the_head(
+    db: &TestDb,
+    phase: Phase,
+    poison: i64,
+    good: i64,
+) -> (Vec<NewBooking>, Vec<NewBooking>) {
+    let due = |at: DateTime<Utc>, i: i64| {
+        let statuses = phase.active_statuses();
+        let status = statuses[i as usize % statuses.len()].as_str();
+        match phase {
+            Phase::Reserve => NewBooking::new(status).reserve_deadline(at),
+            Phase::Booking => NewBooking::new(status).booking_deadline(at),
+        }
+    };
+    let oldest = now() - ChronoDuration::hours(2);
+    let poison: Vec<NewBooking> = (0..poison)
+        .map(|i| due(oldest + ChronoDuration::seconds(i), i).without_deal())
+        .collect();
+    let good: Vec<NewBooking> = (0..good)
+        .map(|i| due(now() - ChronoDuration::minutes(30 - i), i))
+        .collect();
+    db.insert_all(&poison).await;
+    db.insert_all(&good).await;
+    (poison, good)
+}
+
 /// A batch's worth of poison rows with the oldest deadlines, and good rows
 /// behind them, with one batch per cycle: the good rows expire, cycle after
 /// cycle, long before the tick; the poison rows stay untouched, each
@@ -308,26 +337,7 @@ async fn rows_left_due_by_the_batch_cap_are_taken_after_the_gap_not_at_the_tick(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
     let db = TestDb::new().await;
-    let oldest = now() - ChronoDuration::hours(2);
-    let poison: Vec<NewBooking> = (0..5)
-        .map(|i| {
-            NewBooking::new("Reserved")
-                .reserve_deadline(oldest + ChronoDuration::seconds(i))
-                .without_deal()
-        })
-        .collect();
-    let good: Vec<NewBooking> = (0..12)
-        .map(|i| {
-            NewBooking::new(if i % 2 == 0 {
-                "Reserved"
-            } else {
-                "AwaitingPayment"
-            })
-            .reserve_deadline(now() - ChronoDuration::minutes(30 - i))
-        })
-        .collect();
-    db.insert_all(&poison).await;
-    db.insert_all(&good).await;
+    let (poison, good) = poison_at_the_head(&db, Phase::Reserve, 5, 12).await;
     let scheduler = Scheduler::start(&db, one_small_batch_per_cycle());
     for booking in &good {
         wait_expired(&db, booking.id, Duration::from_secs(20)).await;
@@ -336,7 +346,10 @@ async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
     scheduler.stop().await;
     for booking in &poison {
         let stored = db.booking(booking.id).await;
-        assert_eq!(stored.status, "Reserved", "poison rows stay as they are");
+        assert_eq!(
+            stored.status, booking.status,
+            "poison rows stay as they are"
+        );
         assert_eq!((stored.expired_at, stored.version), (None, 1));
     }
     assert!(
@@ -385,21 +398,7 @@ async fn poison_rows_set_aside_are_tried_again_every_second_tick() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_poison_rows_never_keeps_the_rows_behind_it_on_the_fixed_schedule() {
     let db = TestDb::new().await;
-    let oldest = now() - ChronoDuration::hours(2);
-    let poison: Vec<NewBooking> = (0..5)
-        .map(|i| {
-            NewBooking::new("Booked")
-                .booking_deadline(oldest + ChronoDuration::seconds(i))
-                .without_deal()
-        })
-        .collect();
-    let good: Vec<NewBooking> = (0..8)
-        .map(|i| {
-            NewBooking::new("Booked").booking_deadline(now() - ChronoDuration::minutes(30 - i))
-        })
-        .collect();
-    db.insert_all(&poison).await;
-    db.insert_all(&good).await;
+    let (poison, good) = poison_at_the_head(&db, Phase::Booking, 5, 8).await;
     let scheduler = Scheduler::start(
         &db,
         ExpirySettings {
@@ -414,6 +413,6 @@ async fn a_batch_of_poison_rows_never_keeps_the_rows_behind_it_on_the_fixed_sche
     }
     scheduler.stop().await;
     for booking in &poison {
-        assert_eq!(db.booking(booking.id).await.status, "Booked");
+        assert_eq!(db.booking(booking.id).await.status, booking.status);
     }
 }

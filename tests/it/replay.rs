@@ -758,6 +758,8 @@ async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
             eprintln!(
                 "{name}, page after {after}: {read} buffers (the trail: {table_pages} pages)"
             );
+            // `SHOW_PLANS=1 bash scripts/test.sh --test it replay::a_replay_page
+            // -- --nocapture` prints every plan, not only a failing one.
             if std::env::var_os("SHOW_PLANS").is_some() {
                 eprintln!("{}", plan_text(&plan));
             }
