@@ -33,11 +33,10 @@ pub enum AppError {
     /// `migrate --check` found migrations to apply.
     #[error("{0} migration(s) pending: run `booking-expiration migrate`")]
     MigrationsPending(usize),
-    /// `republish` stopped between batches (a signal).
-    #[error(
-        "republish stopped before the end: resume with --replay-id {replay_id} --after {after}"
-    )]
-    ReplayStopped { after: i64, replay_id: uuid::Uuid },
+    /// `republish` stopped between batches (a signal); `resume` is the
+    /// whole command that continues it ([`RepublishRequest::resume_command`]).
+    #[error("republish stopped before the end: resume with {resume}")]
+    ReplayStopped { resume: String },
 }
 
 impl AppError {
@@ -475,6 +474,71 @@ pub struct RepublishRequest {
     pub replay_id: Option<uuid::Uuid>,
 }
 
+impl RepublishRequest {
+    /// The command line that resumes this request after `after` as replay
+    /// `replay_id`: the selection, the batch size, `--dry-run`, the topic
+    /// and `ce_source` when they are not the defaults, and the cursor. The
+    /// database settings come from the environment, as for the first run.
+    pub fn resume_command(
+        &self,
+        events: &EventSettings,
+        after: i64,
+        replay_id: uuid::Uuid,
+    ) -> String {
+        let selection = &self.selection;
+        let mut words = vec!["booking-expiration".to_owned(), "republish".to_owned()];
+        let mut flag = |name: &str, value: String| {
+            words.push(name.to_owned());
+            words.push(shell_word(&value));
+        };
+        for id in &selection.booking_ids {
+            flag("--booking-id", id.to_string());
+        }
+        for id in &selection.tenant_ids {
+            flag("--tenant", id.to_string());
+        }
+        if let Some(from) = &selection.expired_from {
+            flag("--expired-from", rfc3339(from));
+        }
+        if let Some(to) = &selection.expired_to {
+            flag("--expired-to", rfc3339(to));
+        }
+        flag("--batch-size", self.batch_size.to_string());
+        let defaults = EventSettings::default();
+        if events.topic != defaults.topic {
+            flag("--kafka-topic", events.topic.clone());
+        }
+        if events.ce_source != defaults.ce_source {
+            flag("--ce-source", events.ce_source.clone());
+        }
+        flag("--replay-id", replay_id.to_string());
+        flag("--after", after.to_string());
+        if self.dry_run {
+            words.push("--dry-run".to_owned());
+        }
+        words.join(" ")
+    }
+}
+
+/// A time as `--expired-from`/`--expired-to` take it, to the precision it has.
+fn rfc3339(time: &chrono::DateTime<chrono::Utc>) -> String {
+    time.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// `value` as one word for a POSIX shell: as it is when it holds only
+/// characters no shell treats specially, else in single quotes.
+fn shell_word(value: &str) -> String {
+    let plain = !value.is_empty()
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:@%+=,".contains(c));
+    if plain {
+        value.to_owned()
+    } else {
+        format!("'{}'", value.replace('\'', "'\\''"))
+    }
+}
+
 /// Progress and result of `republish`: printed on stderr after every batch
 /// and on stdout at the end.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -531,6 +595,18 @@ pub async fn republish(
             "name what to replay: --booking-id, --tenant, --expired-from or --expired-to",
         )));
     }
+    if let (Some(from), Some(to)) = (request.selection.expired_from, request.selection.expired_to)
+        && request.selection.window_is_empty()
+    {
+        return Err(AppError::Config(ConfigError::new(
+            "--expired-from",
+            format!(
+                "{} is not before --expired-to {} (the window is [from, to): it would select nothing)",
+                rfc3339(&from),
+                rfc3339(&to)
+            ),
+        )));
+    }
     let mut conn = db::establish(database).await?;
     db::privileges::check(&mut conn, &[Use::Republish]).await?;
     let mut report = RepublishReport {
@@ -538,6 +614,17 @@ pub async fn republish(
         dry_run: request.dry_run,
         after: request.after,
         ..RepublishReport::default()
+    };
+    // Where the window lies in the audit trail, read once: each page then
+    // reads about what it returns (see `db::replay`).
+    let selection = &request.selection;
+    let Some(bounds) = conn
+        .transaction(async |conn| replay::id_bounds(conn, selection).await)
+        .await?
+    else {
+        report.complete = true;
+        tracing::info!(replay_id = %report.replay_id, "republish: no expiry in the window");
+        return Ok(report);
     };
     let replay_span =
         tracing::info_span!("republish", replay_id = %report.replay_id, dry_run = request.dry_run);
@@ -552,11 +639,10 @@ pub async fn republish(
         );
         // Replay rows carry the replay's trace context, not the cycle's.
         let trace_headers = trace::headers_of(&span);
-        let selection = &request.selection;
         let (after, batch_size, replay_id) = (report.after, request.batch_size, report.replay_id);
         let (rows, writes, enqueued) = conn
             .transaction(async |conn| {
-                let rows = replay::page(conn, selection, after, batch_size).await?;
+                let rows = replay::page(conn, selection, &bounds, after, batch_size).await?;
                 let mut writes = Vec::with_capacity(rows.len());
                 for row in &rows {
                     let rebuilt = row
@@ -651,4 +737,62 @@ pub async fn republish(
         "republish finished"
     );
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> RepublishRequest {
+        RepublishRequest {
+            selection: db::replay::Selection {
+                booking_ids: vec![uuid::Uuid::from_u128(1)],
+                tenant_ids: vec![uuid::Uuid::from_u128(2), uuid::Uuid::from_u128(3)],
+                expired_from: chrono::DateTime::parse_from_rfc3339("2026-12-01T00:00:00Z")
+                    .ok()
+                    .map(|t| t.to_utc()),
+                expired_to: chrono::DateTime::parse_from_rfc3339("2026-12-02T06:30:00.250Z")
+                    .ok()
+                    .map(|t| t.to_utc()),
+            },
+            dry_run: false,
+            batch_size: 100,
+            after: 0,
+            replay_id: None,
+        }
+    }
+
+    #[test]
+    fn the_resume_command_carries_the_whole_selection_and_the_cursor() {
+        let replay_id = uuid::Uuid::from_u128(9);
+        let command = request().resume_command(&EventSettings::default(), 4711, replay_id);
+        assert_eq!(
+            command,
+            "booking-expiration republish \
+             --booking-id 00000000-0000-0000-0000-000000000001 \
+             --tenant 00000000-0000-0000-0000-000000000002 \
+             --tenant 00000000-0000-0000-0000-000000000003 \
+             --expired-from 2026-12-01T00:00:00Z --expired-to 2026-12-02T06:30:00.250Z \
+             --batch-size 100 --replay-id 00000000-0000-0000-0000-000000000009 --after 4711"
+        );
+    }
+
+    #[test]
+    fn the_resume_command_keeps_a_dry_run_and_settings_off_their_defaults() {
+        let events = EventSettings {
+            topic: "crm.replays".into(),
+            ce_source: "/pin/crm/it's here".into(),
+        };
+        let request = RepublishRequest {
+            dry_run: true,
+            ..request()
+        };
+        let command = request.resume_command(&events, 1, uuid::Uuid::nil());
+        assert!(command.contains(" --kafka-topic crm.replays "), "{command}");
+        assert!(
+            command.contains(r#" --ce-source '/pin/crm/it'\''s here' "#),
+            "{command}"
+        );
+        assert!(command.ends_with(" --after 1 --dry-run"), "{command}");
+    }
 }

@@ -10,8 +10,9 @@
 //! - [`events`]: domain event → protobuf value, Kafka key, CloudEvents headers.
 //! - [`db`]: the pool, embedded migrations, the bookings and outbox
 //!   repositories. All SQL lives here.
-//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule and the
-//!   scheduler that repeats cycles at each tick and deadline.
+//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule, the
+//!   memory of refused (poison) rows, and the scheduler that repeats cycles
+//!   at each tick and deadline and probes for new deadlines while it sleeps.
 //! - [`outbox`]: the publisher (claim, produce, mark) behind the `Sink` seam
 //!   (rskafka, or in memory for tests), its upkeep tasks, and the
 //!   in-process TLS bridge that carries rskafka's connections for `SSL` and

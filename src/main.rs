@@ -176,11 +176,8 @@ fn execute(command: Command) -> anyhow::Result<()> {
                     writeln!(stdout, "{summary}")?;
                 }
                 if !report.complete {
-                    return Err(AppError::ReplayStopped {
-                        after: report.after,
-                        replay_id: report.replay_id,
-                    }
-                    .into());
+                    let resume = request.resume_command(&events, report.after, report.replay_id);
+                    return Err(AppError::ReplayStopped { resume }.into());
                 }
                 Ok(())
             })

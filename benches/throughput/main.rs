@@ -38,7 +38,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use figures::{
-    deadline_wake, end_to_end, expiry, idle, kafka_tls, profile, publisher, schema_cost,
+    deadline_wake, end_to_end, expiry, idle, kafka_tls, migrations, profile, publisher, replay,
+    schema_cost,
 };
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
@@ -232,6 +233,15 @@ async fn run() -> Result<()> {
         }
     }
 
+    let replay = match wants("replay") {
+        true => Some(replay::measure(&svc, quick).await?),
+        false => None,
+    };
+    let migrations = match wants("migrations") {
+        true => Some(migrations::measure(&svc, quick).await?),
+        false => None,
+    };
+
     // Deadline wake-up: the timed ones before pg_stat_statements is loaded.
     let lateness = match wants("lateness") {
         true => Some(deadline_wake::lateness(&svc, quick).await?),
@@ -244,6 +254,12 @@ async fn run() -> Result<()> {
     // pg_stat_statements is loaded from here on: no timed figure follows.
     let statements = match wants("statements") {
         true => Some(deadline_wake::statements(&svc, quick).await?),
+        false => None,
+    };
+    // Statements are counted there too; its lateness runs with
+    // pg_stat_statements loaded (a few percent of server CPU).
+    let late_arrivals = match wants("late_arrivals") {
+        true => Some(deadline_wake::late_arrivals(&svc, quick).await?),
         false => None,
     };
     let kafka_tls = match wants("kafka_tls") {
@@ -297,6 +313,9 @@ async fn run() -> Result<()> {
         deadline_to_kafka,
         statements,
         kafka_tls,
+        replay,
+        migrations,
+        late_arrivals,
         profile_pg_stat_statements: profile,
     };
     let json_path = out_dir.join("results.json");

@@ -8,11 +8,13 @@ use std::fmt::Write as _;
 
 use crate::{
     figures::{
-        deadline_wake::{DeadlineToKafka, Lateness, Mode, Statements},
+        deadline_wake::{DeadlineToKafka, LateArrivals, Lateness, Mode, Statements},
         end_to_end::EndToEnd,
         expiry::{self, Comparison},
+        migrations::MigrationsFigure,
         profile::ProfileRun,
         publisher::PublisherFigure,
+        replay::ReplayFigure,
         schema_cost::{LeanFigure, SchemaCost},
     },
     results::Results,
@@ -35,6 +37,9 @@ const RSS_GOAL_MIB: f64 = 64.0;
 const LATENESS_P99_GOAL_S: f64 = 1.0;
 /// Deadline → record on Kafka p99 (the goal: about a second more).
 const KAFKA_P99_GOAL_S: f64 = 2.0;
+/// A replay from a year of audit trail over the same replay from a trail
+/// a hundred times smaller: time follows the selection, not the trail.
+const REPLAY_RATIO_GOAL: f64 = 1.5;
 
 /// Everything, in the order a run prints it.
 pub fn report(r: &Results) -> String {
@@ -184,6 +189,15 @@ pub fn figures_table(r: &Results) -> String {
     if let Some(k) = &r.kafka_tls {
         kafka_tls_rows(k, &mut rows);
     }
+    if let Some(replay) = &r.replay {
+        replay_rows(replay, &mut rows);
+    }
+    if let Some(m) = &r.migrations {
+        migrations_rows(m, &mut rows);
+    }
+    if let Some(l) = &r.late_arrivals {
+        late_arrivals_rows(l, &mut rows);
+    }
 
     let mut out = String::new();
     out.push_str("| figure | project (min / median / max) | baseline (min / median / max) | ratio (median) | goal | met | load 1/5/15 |\n");
@@ -202,6 +216,118 @@ pub fn figures_table(r: &Results) -> String {
         );
     }
     out
+}
+
+/// Figure 13: each selection against the same from a small trail (or a
+/// smaller selection), and without the replay's indexes.
+fn replay_rows(f: &ReplayFigure, rows: &mut Vec<Row>) {
+    for row in &f.rows {
+        let goal = (row.expected_ratio == Some(1.0)).then_some(REPLAY_RATIO_GOAL);
+        rows.push(Row {
+            // Sub-rows (indented labels) belong to the row above.
+            figure: match row.label.strip_prefix("  ") {
+                Some(sub) => format!("  {sub}"),
+                None => format!("republish --dry-run: {}, batch {}", row.label, f.batch),
+            },
+            project: fixed(&row.ms, 0, "ms"),
+            baseline: format!(
+                "{}: {}",
+                row.baseline_label,
+                fixed(&row.baseline_ms, 0, "ms")
+            ),
+            ratio: format!("{:.2}x", row.ratio),
+            goal: match goal {
+                Some(g) => format!("<= {g}x (time follows the selection)"),
+                None => row.expected_ratio.map_or("-".into(), |r| {
+                    format!("about {r:.0}x (ten times the records)")
+                }),
+            },
+            met: goal.map_or("-".into(), |g| met(row.ratio <= g)),
+            load: f.loadavg_at_start,
+        });
+    }
+}
+
+/// Figure 14: how long each migration held the worker's writes.
+fn migrations_rows(f: &MigrationsFigure, rows: &mut Vec<Row>) {
+    for size in &f.sizes {
+        for m in &size.migrations {
+            rows.push(Row {
+                figure: format!(
+                    "migration {} ({}) on a 24 h outbox of {} rows: longest expiry write during it",
+                    m.version,
+                    m.what,
+                    num(size.outbox_rows as f64)
+                ),
+                project: fixed(&m.longest_write_ms, 0, "ms"),
+                baseline: format!("write median {}", fixed(&size.write_median_ms, 1, "ms")),
+                ratio: format!(
+                    "{:.0}x",
+                    m.longest_write_ms.median / size.write_median_ms.median
+                ),
+                goal: format!(
+                    "migration {} < {:.0} s statement timeout",
+                    fixed(&m.ms, 0, "ms"),
+                    f.statement_timeout_s
+                ),
+                met: met(m.ms.max < f.statement_timeout_s * 1e3),
+                load: f.loadavg_at_start,
+            });
+        }
+    }
+}
+
+/// Figure 15: lateness of bookings written while the worker sleeps, and
+/// statements per minute with those writes and idle.
+fn late_arrivals_rows(l: &LateArrivals, rows: &mut Vec<Row>) {
+    let (d, f) = (&l.deadline_driven, &l.fixed);
+    let none_early = d.at_or_before_deadline == 0 && d.pending == 0;
+    for (label, dv, fv, goal) in [
+        ("p50", d.p50_s, f.p50_s, None),
+        ("p99", d.p99_s, f.p99_s, Some(LATENESS_P99_GOAL_S)),
+        ("max", d.max_s, f.max_s, Some(LATENESS_P99_GOAL_S)),
+    ] {
+        rows.push(Row {
+            figure: format!(
+                "late arrivals: lateness {label}, {} bookings written while the worker sleeps, each due {:.0}-{:.0} s after its insert, binary `run`, defaults",
+                l.written, l.lead_s[0], l.lead_s[1]
+            ),
+            project: format!("deadline-driven {}", secs3(dv)),
+            baseline: format!("fixed {}", secs3(fv)),
+            ratio: format!("{:.3}x", dv / fv),
+            goal: goal.map_or("-".into(), |g| {
+                format!("<= {g} s, none at or before its deadline, none left")
+            }),
+            met: goal.map_or("-".into(), |g| met(dv <= g && none_early)),
+            load: l.loadavg_at_start,
+        });
+    }
+    for writes in [true, false] {
+        let of = |mode: Mode| {
+            l.statements
+                .iter()
+                .find(|r| r.mode == mode && (r.expired_in_window > 0) == writes)
+        };
+        let (Some(dr), Some(fr)) = (of(Mode::DeadlineDriven), of(Mode::Fixed)) else {
+            continue;
+        };
+        rows.push(Row {
+            figure: format!(
+                "statements/min against PostgreSQL, 1 instance, {}",
+                if writes {
+                    "with those bookings"
+                } else {
+                    "idle (no booking)"
+                }
+            ),
+            project: format!("deadline-driven {}/min", num(dr.per_minute)),
+            baseline: format!("fixed {}/min", num(fr.per_minute)),
+            ratio: format!("{:.1}x", dr.per_minute / fr.per_minute),
+            goal: "-".into(),
+            met: "-".into(),
+            load: l.loadavg_at_start,
+        });
+    }
 }
 
 fn kafka_tls_rows(k: &crate::figures::kafka_tls::KafkaTlsFigure, rows: &mut Vec<Row>) {
@@ -557,6 +683,32 @@ pub fn raw_numbers(r: &Results) -> String {
         profile_raw(runs, &mut out);
     }
     deadline_wake_raw(r, &mut out);
+    if let Some(m) = &r.migrations {
+        migrations_raw(m, &mut out);
+    }
+    if let Some(f) = &r.replay {
+        let _ = writeln!(
+            out,
+            "\nReplay: the large trail ({} records, and a booking each) seeded in {:.0} s; the replay's indexes built CONCURRENTLY on it in {}; ms per replay: {}.",
+            num(f.records as f64),
+            f.seed_s,
+            f.index_builds
+                .iter()
+                .map(|b| format!("{:.1} s ({})", b.s, b.index))
+                .collect::<Vec<_>>()
+                .join(", "),
+            f.rows
+                .iter()
+                .map(|r| format!(
+                    "{} [{}] vs [{}]",
+                    r.label.trim(),
+                    samples(&r.ms, 0),
+                    samples(&r.baseline_ms, 0)
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
     let _ = writeln!(
         out,
         "\nBinary: {} bytes. Run took {:.0} s; load average at start {}, at end {}.",
@@ -566,6 +718,25 @@ pub fn raw_numbers(r: &Results) -> String {
         load(&r.machine.loadavg_at_end)
     );
     out
+}
+
+fn migrations_raw(m: &MigrationsFigure, out: &mut String) {
+    out.push_str(
+        "\n| migration | outbox rows | duration ms per repetition | longest expiry write during it, ms | write median before, ms |\n|---|---|---|---|---|\n",
+    );
+    for size in &m.sizes {
+        for t in &size.migrations {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {} | {} |",
+                t.version,
+                num(size.outbox_rows as f64),
+                samples(&t.ms, 0),
+                samples(&t.longest_write_ms, 0),
+                samples(&size.write_median_ms, 1)
+            );
+        }
+    }
 }
 
 fn publisher_raw(p: &PublisherFigure, out: &mut String) {

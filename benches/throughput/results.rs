@@ -10,18 +10,20 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::figures::{
-    deadline_wake::{DeadlineToKafka, Lateness, Statements},
+    deadline_wake::{DeadlineToKafka, LateArrivals, Lateness, Statements},
     end_to_end::{Binary, EndToEnd},
     expiry::Comparison,
     idle::IdleCycle,
     kafka_tls::KafkaTlsFigure,
+    migrations::MigrationsFigure,
     profile::ProfileRun,
     publisher::PublisherFigure,
+    replay::ReplayFigure,
     schema_cost::{LeanFigure, SchemaCost},
 };
 
 /// The figures `BENCH_ONLY` names, in the order a full run measures them.
-pub const FIGURES: [&str; 12] = [
+pub const FIGURES: [&str; 15] = [
     "expiry",
     "lean",
     "schema_cost",
@@ -29,9 +31,12 @@ pub const FIGURES: [&str; 12] = [
     "publisher",
     "end_to_end",
     "scaling",
+    "replay",
+    "migrations",
     "lateness",
     "deadline_to_kafka",
     "statements",
+    "late_arrivals",
     "profile",
     "kafka_tls",
 ];
@@ -86,6 +91,15 @@ pub struct Results {
     /// Figure 10: Kafka over SASL_SSL against PLAINTEXT.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka_tls: Option<KafkaTlsFigure>,
+    /// Figure 13: `republish` over a year of audit trail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<ReplayFigure>,
+    /// Figure 14: the migrations that lock the outbox, on a 24 h outbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrations: Option<MigrationsFigure>,
+    /// Figure 15: bookings written while the worker sleeps; idle statements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_arrivals: Option<LateArrivals>,
     /// The profile pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_pg_stat_statements: Option<Vec<ProfileRun>>,
@@ -136,6 +150,9 @@ impl Results {
             "statements" => self.statements.is_some(),
             "profile" => self.profile_pg_stat_statements.is_some(),
             "kafka_tls" => self.kafka_tls.is_some(),
+            "replay" => self.replay.is_some(),
+            "migrations" => self.migrations.is_some(),
+            "late_arrivals" => self.late_arrivals.is_some(),
             _ => false,
         };
         FIGURES.into_iter().filter(|f| has(f)).collect()
@@ -167,6 +184,9 @@ impl Results {
         self.deadline_to_kafka = self.deadline_to_kafka.or(previous.deadline_to_kafka);
         self.statements = self.statements.or(previous.statements);
         self.kafka_tls = self.kafka_tls.or(previous.kafka_tls);
+        self.replay = self.replay.or(previous.replay);
+        self.migrations = self.migrations.or(previous.migrations);
+        self.late_arrivals = self.late_arrivals.or(previous.late_arrivals);
         self.profile_pg_stat_statements = self
             .profile_pg_stat_statements
             .or(previous.profile_pg_stat_statements);

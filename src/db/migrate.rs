@@ -5,9 +5,9 @@
 //! a snapshot, and `CREATE INDEX CONCURRENTLY` waits for every older
 //! snapshot: the two would deadlock). Migrations run one by one; those
 //! that run outside a transaction (`metadata.toml`: the concurrent index
-//! builds on crm's `bookings`) run without the session's statement and lock
-//! timeouts, after dropping an `INVALID` index an interrupted build of
-//! theirs left behind.
+//! builds on crm's `bookings` and on the audit trail) run without the
+//! session's statement and lock timeouts, after dropping an `INVALID` index
+//! an interrupted build of theirs left behind.
 
 use std::time::Duration;
 
@@ -29,13 +29,54 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x626b_6578_7069_7265; // "bkexpire"
 /// How often a run waiting for another one asks for the lock again.
 const LOCK_POLL: Duration = Duration::from_millis(200);
 
+/// One migration that builds one index with `CREATE INDEX CONCURRENTLY`
+/// (outside a transaction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConcurrentBuild {
+    pub version: &'static str,
+    pub table: &'static str,
+    pub index: &'static str,
+}
+
+const fn build(version: &'static str, table: &'static str, index: &'static str) -> ConcurrentBuild {
+    ConcurrentBuild {
+        version,
+        table,
+        index,
+    }
+}
+
 /// The migrations that build one index with `CREATE INDEX CONCURRENTLY`
-/// (outside a transaction), and that index. An interrupted build leaves
-/// the index `INVALID` and its migration unrecorded; the next run drops it
-/// before building again.
-pub const CONCURRENT_INDEX_BUILDS: [(&str, &str); 2] = [
-    ("20261204000001", "ix_bookings_reserve_expires_at"),
-    ("20261204000002", "ix_bookings_booking_expires_at"),
+/// (outside a transaction): the worker's partial indexes on crm's
+/// `bookings`, and the replay's indexes on its own audit trail, which every
+/// expiry writes to. An interrupted build leaves the index `INVALID` and
+/// its migration unrecorded; the next run drops it before building again.
+pub const CONCURRENT_INDEX_BUILDS: [ConcurrentBuild; 5] = [
+    build(
+        "20261204000001",
+        "bookings",
+        "ix_bookings_reserve_expires_at",
+    ),
+    build(
+        "20261204000002",
+        "bookings",
+        "ix_bookings_booking_expires_at",
+    ),
+    build(
+        "20261205000001",
+        "booking_expiration_audit",
+        "ix_booking_expiration_audit_id",
+    ),
+    build(
+        "20261205000002",
+        "booking_expiration_audit",
+        "ix_booking_expiration_audit_tenant_id_id",
+    ),
+    build(
+        "20261205000003",
+        "booking_expiration_audit",
+        "ix_booking_expiration_audit_at_id",
+    ),
 ];
 
 /// Applies pending migrations; returns the versions applied (empty when
@@ -184,8 +225,11 @@ async fn prepare_concurrent(
     )
     .execute(conn)
     .await?;
-    if let Some((_, index)) = CONCURRENT_INDEX_BUILDS.iter().find(|(v, _)| *v == version) {
-        drop_invalid_index(conn, index).await?;
+    if let Some(build) = CONCURRENT_INDEX_BUILDS
+        .iter()
+        .find(|b| b.version == version)
+    {
+        drop_invalid_index(conn, build.table, build.index).await?;
     }
     Ok(saved)
 }
@@ -201,10 +245,14 @@ async fn restore_timeouts(conn: &mut AsyncPgConnection, saved: &Timeouts) -> Res
     Ok(())
 }
 
-/// Drops index `name` on `bookings` if it is `INVALID` (`pg_index.indisvalid`
+/// Drops index `name` on `table` if it is `INVALID` (`pg_index.indisvalid`
 /// false: a concurrent build that did not finish), CONCURRENTLY. A valid
 /// index, or none, is left alone.
-async fn drop_invalid_index(conn: &mut AsyncPgConnection, name: &str) -> Result<(), DbError> {
+async fn drop_invalid_index(
+    conn: &mut AsyncPgConnection,
+    table: &str,
+    name: &str,
+) -> Result<(), DbError> {
     #[derive(QueryableByName)]
     struct Invalid {
         #[diesel(sql_type = Text)]
@@ -215,8 +263,9 @@ async fn drop_invalid_index(conn: &mut AsyncPgConnection, name: &str) -> Result<
            FROM pg_index i \
            JOIN pg_class c ON c.oid = i.indexrelid \
            JOIN pg_namespace n ON n.oid = c.relnamespace \
-          WHERE i.indrelid = to_regclass('bookings') AND c.relname = $1 AND NOT i.indisvalid",
+          WHERE i.indrelid = to_regclass($1) AND c.relname = $2 AND NOT i.indisvalid",
     )
+    .bind::<Text, _>(table)
     .bind::<Text, _>(name)
     .get_result(conn)
     .await
@@ -338,10 +387,10 @@ mod tests {
                 .iter()
                 .map(|(v, _, _)| v.as_str())
                 .collect::<Vec<_>>(),
-            CONCURRENT_INDEX_BUILDS.map(|(v, _)| v),
+            CONCURRENT_INDEX_BUILDS.map(|b| b.version),
             "the migrations run outside a transaction are exactly the listed builds"
         );
-        for ((version, _, up), (_, index)) in outside.iter().zip(CONCURRENT_INDEX_BUILDS) {
+        for ((version, _, up), build) in outside.iter().zip(CONCURRENT_INDEX_BUILDS) {
             let statements = statements(up);
             assert_eq!(
                 statements.len(),
@@ -350,7 +399,8 @@ mod tests {
             );
             assert!(
                 statements[0].starts_with(&format!(
-                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON bookings "
+                    "CREATE INDEX CONCURRENTLY IF NOT EXISTS {} ON {} ",
+                    build.index, build.table
                 )),
                 "{version}: {}",
                 statements[0]
@@ -360,7 +410,11 @@ mod tests {
 
     #[test]
     fn the_concurrent_builds_are_the_repository_partial_indexes() {
-        let mut listed: Vec<&str> = CONCURRENT_INDEX_BUILDS.iter().map(|(_, i)| *i).collect();
+        let mut listed: Vec<&str> = CONCURRENT_INDEX_BUILDS
+            .iter()
+            .filter(|b| b.table == "bookings")
+            .map(|b| b.index)
+            .collect();
         let mut repository: Vec<&str> = Phase::ALL
             .iter()
             .map(|p| bookings::partial_index(*p))

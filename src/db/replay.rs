@@ -2,6 +2,16 @@
 //! from the bookings) page by page, and re-enqueues rebuilt messages as
 //! outbox rows of one replay. Reads bookings only, never locks or writes
 //! them.
+//!
+//! A page costs what it returns, not what the audit trail holds (a year of
+//! a busy crm is about 10,000,000 records): it walks an index in audit id
+//! order and stops at the page's end. By booking ids: the `booking_id`
+//! index. By tenant: the `(tenant_id, id)` index, one ordered scan per
+//! tenant, merged. By window: the `id` index from the window's first audit
+//! id to its last, both read once per replay from the `(at, id)` index
+//! ([`id_bounds`]); `at` and the id grow together (both follow the cycles),
+//! so the rows between the two ids are the window's, but for the few that
+//! straddle its edges.
 
 use chrono::{DateTime, Utc};
 use diesel::{
@@ -39,10 +49,30 @@ impl Selection {
             || self.expired_to.is_some()
     }
 
+    /// Whether the window selects nothing (`--expired-from` not before
+    /// `--expired-to`).
+    pub fn window_is_empty(&self) -> bool {
+        matches!((self.expired_from, self.expired_to), (Some(from), Some(to)) if from >= to)
+    }
+
+    /// The tenants, each once, in order: what `$3` binds.
+    pub fn distinct_tenants(&self) -> Vec<Uuid> {
+        let mut tenants = self.tenant_ids.clone();
+        tenants.sort_unstable();
+        tenants.dedup();
+        tenants
+    }
+
     /// The page query: audit records of expiries after the cursor `$1`, in
-    /// audit id order, at most `$6`. Only the set filters are in the text,
-    /// so a selection by booking ids probes the audit's booking_id index.
-    pub fn page_sql(&self) -> String {
+    /// audit id order, at most `$6`, within the audit ids `$7`..=`$8` (the
+    /// window's, [`IdBounds`]). Only the set filters are in the text, so a
+    /// selection by booking ids probes the audit's booking_id index, one by
+    /// tenant walks each tenant's `(tenant_id, id)` index entries in order
+    /// (one branch per tenant, `$3` their [`Self::distinct_tenants`], so a
+    /// page reads at most a page per tenant), and one by window walks the id
+    /// index between its bounds. Run it as [`page`] does: in index order
+    /// only.
+    pub fn page_sql(&self, bounds: &IdBounds) -> String {
         let expiries: Vec<String> = Phase::ALL
             .iter()
             .map(|phase| format!("'{}'", phase.target_status()))
@@ -54,15 +84,55 @@ impl Selection {
         if !self.booking_ids.is_empty() {
             filters.push("a.booking_id = ANY($2)".to_owned());
         }
-        if !self.tenant_ids.is_empty() {
-            filters.push("a.tenant_id = ANY($3)".to_owned());
-        }
+        // Within the window's ids the time filter only drops the few rows
+        // that straddle its edges. Written so that no index on `at` can
+        // serve it: PostgreSQL takes the id range and the time range for
+        // independent, underestimates the rows by orders of magnitude, and
+        // would read the whole window through the `(at, id)` index and sort
+        // it for every page instead of walking the id index to the page's end.
+        let at = if bounds.first.is_some() || bounds.last.is_some() {
+            "(a.at + interval '0')"
+        } else {
+            "a.at"
+        };
         if self.expired_from.is_some() {
-            filters.push("a.at >= $4".to_owned());
+            filters.push(format!("{at} >= $4"));
         }
         if self.expired_to.is_some() {
-            filters.push("a.at < $5".to_owned());
+            filters.push(format!("{at} < $5"));
         }
+        if bounds.first.is_some() {
+            filters.push("a.id >= $7".to_owned());
+        }
+        if bounds.last.is_some() {
+            filters.push("a.id <= $8".to_owned());
+        }
+        // By tenant (unless booking ids, a narrower index, are given): each
+        // tenant's first page in id order from its own index, then the
+        // first page of their union. `($3)[k]` is a constant when the
+        // statement is planned (its parameters are known then), so the
+        // planner sees each tenant's own share of the trail.
+        let tenants = self.distinct_tenants().len();
+        let records = if tenants > 0 && self.booking_ids.is_empty() {
+            let branches: Vec<String> = (1..=tenants)
+                .map(|k| {
+                    format!(
+                        "(SELECT * FROM booking_expiration_audit a \
+                          WHERE a.tenant_id = ($3::uuid[])[{k}] AND {} ORDER BY a.id LIMIT $6)",
+                        filters.join(" AND ")
+                    )
+                })
+                .collect();
+            format!("({}) a", branches.join(" UNION ALL "))
+        } else {
+            if !self.tenant_ids.is_empty() {
+                filters.push("a.tenant_id = ANY($3)".to_owned());
+            }
+            format!(
+                "(SELECT * FROM booking_expiration_audit a WHERE {} ORDER BY a.id LIMIT $6) a",
+                filters.join(" AND ")
+            )
+        };
         format!(
             "SELECT a.id AS audit_id, a.booking_id, a.tenant_id, a.from_status, a.to_status, \
                     a.correlation_id, a.at, a.ce_source, \
@@ -70,11 +140,62 @@ impl Selection {
                     coalesce(a.deal_id, b.deal_id) AS deal_id, \
                     coalesce(a.property_object_id, b.property_object_id) AS property_object_id, \
                     b.reserve_expires_at, b.booking_expires_at \
-             FROM booking_expiration_audit a LEFT JOIN bookings b ON b.id = a.booking_id \
-             WHERE {} ORDER BY a.id LIMIT $6",
-            filters.join(" AND ")
+             FROM {records} LEFT JOIN bookings b ON b.id = a.booking_id \
+             ORDER BY a.id LIMIT $6"
         )
     }
+}
+
+/// The audit ids a window selection lies between (both inclusive; `None`:
+/// that side is open). Read once per replay ([`id_bounds`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IdBounds {
+    pub first: Option<i64>,
+    pub last: Option<i64>,
+}
+
+/// The statement of [`id_bounds`]: `$1` from, `$2` to (either may be NULL:
+/// open). The subquery (`OFFSET 0` keeps the planner from flattening it)
+/// stops PostgreSQL from answering `min(id)` by walking the id index from
+/// its start until a row falls in the window, which reads every record
+/// before a recent window; it scans the window's `(at, id)` entries instead.
+pub const ID_BOUNDS_SQL: &str = "SELECT min(id) AS first, max(id) AS last \
+     FROM (SELECT id FROM booking_expiration_audit \
+            WHERE at >= coalesce($1, '-infinity') AND at < coalesce($2, 'infinity') \
+           OFFSET 0) w";
+
+/// The first and last audit id of the records in the selection's window,
+/// from the `(at, id)` index: `Some(IdBounds::default())` without a window,
+/// `None` when the window holds no record. An open side of the window stays
+/// open, so records written while the replay runs are still found. Must run
+/// in a transaction (see [`index_order_only`]).
+pub async fn id_bounds(
+    conn: &mut AsyncPgConnection,
+    selection: &Selection,
+) -> Result<Option<IdBounds>, DbError> {
+    #[derive(QueryableByName)]
+    struct Bounds {
+        #[diesel(sql_type = Nullable<BigInt>)]
+        first: Option<i64>,
+        #[diesel(sql_type = Nullable<BigInt>)]
+        last: Option<i64>,
+    }
+    if selection.expired_from.is_none() && selection.expired_to.is_none() {
+        return Ok(Some(IdBounds::default()));
+    }
+    index_order_only(conn).await?;
+    let found: Bounds = diesel::sql_query(ID_BOUNDS_SQL)
+        .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
+        .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
+        .get_result(conn)
+        .await?;
+    let (Some(first), Some(last)) = (found.first, found.last) else {
+        return Ok(None);
+    };
+    Ok(Some(IdBounds {
+        first: selection.expired_from.map(|_| first),
+        last: selection.expired_to.map(|_| last),
+    }))
 }
 
 /// One audit record of an expiry with what the booking adds to it.
@@ -136,20 +257,45 @@ impl RecordRow {
     }
 }
 
-/// The next page of expiry records after `after` (an audit id).
+/// Turns off sequential and bitmap scans for the rest of the transaction
+/// (`set_config(…, true)` is `SET LOCAL`: nothing stays on the session, also
+/// through a transaction pooler). The replay reads the audit trail through
+/// its indexes only, in their order. A bitmap scan returns rows out of id
+/// order, so a page would read every remaining record of its range and sort
+/// them to keep one page; a sequential scan reads the whole trail.
+/// PostgreSQL picks them when it expects few rows, and for a window or a
+/// tenant in a window it underestimates the rows by orders of magnitude (it
+/// takes the id and time ranges for independent).
+async fn index_order_only(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
+    diesel::sql_query(
+        "SELECT set_config('enable_seqscan', 'off', true), \
+                set_config('enable_bitmapscan', 'off', true)",
+    )
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The next page of expiry records after `after` (an audit id), within
+/// `bounds` (from [`id_bounds`]). Must run in a transaction (see
+/// [`index_order_only`]).
 pub async fn page(
     conn: &mut AsyncPgConnection,
     selection: &Selection,
+    bounds: &IdBounds,
     after: i64,
     limit: u32,
 ) -> Result<Vec<RecordRow>, DbError> {
-    Ok(diesel::sql_query(selection.page_sql())
+    index_order_only(conn).await?;
+    Ok(diesel::sql_query(selection.page_sql(bounds))
         .bind::<BigInt, _>(after)
         .bind::<Array<SqlUuid>, _>(&selection.booking_ids)
-        .bind::<Array<SqlUuid>, _>(&selection.tenant_ids)
+        .bind::<Array<SqlUuid>, _>(selection.distinct_tenants())
         .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
         .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
         .bind::<BigInt, _>(i64::from(limit))
+        .bind::<Nullable<BigInt>, _>(bounds.first)
+        .bind::<Nullable<BigInt>, _>(bounds.last)
         .load(conn)
         .await?)
 }
@@ -233,9 +379,11 @@ mod tests {
             booking_ids: vec![Uuid::nil()],
             ..Selection::default()
         };
-        let sql = ids.page_sql();
+        let open = IdBounds::default();
+        let sql = ids.page_sql(&open);
         assert!(sql.contains("a.booking_id = ANY($2)"));
         assert!(!sql.contains("$3") && !sql.contains("$4") && !sql.contains("$5"));
+        assert!(!sql.contains("$7") && !sql.contains("$8"));
         assert!(sql.contains("a.to_status IN ('ReserveExpired', 'BookingExpired')"));
         let window = Selection {
             expired_from: Some(DateTime::<Utc>::MIN_UTC),
@@ -243,10 +391,54 @@ mod tests {
             tenant_ids: vec![Uuid::nil()],
             ..Selection::default()
         };
-        let sql = window.page_sql();
+        let bounded = IdBounds {
+            first: Some(10),
+            last: Some(20),
+        };
+        let sql = window.page_sql(&open);
         assert!(sql.contains("a.at >= $4") && sql.contains("a.at < $5"));
-        assert!(sql.contains("a.tenant_id = ANY($3)") && !sql.contains("$2"));
+        let sql = window.page_sql(&bounded);
+        assert!(
+            sql.contains("(a.at + interval '0') >= $4")
+                && sql.contains("(a.at + interval '0') < $5")
+        );
+        assert!(sql.contains("a.id >= $7") && sql.contains("a.id <= $8"));
+        assert_eq!(window.distinct_tenants().len(), 1);
+        assert!(sql.contains("a.tenant_id = ($3::uuid[])[1]") && !sql.contains("[2]"));
+        assert!(!sql.contains("$2") && !sql.contains("ANY($3)"));
+        let two = Selection {
+            tenant_ids: vec![Uuid::from_u128(2), Uuid::nil(), Uuid::from_u128(2)],
+            ..Selection::default()
+        };
+        assert_eq!(two.distinct_tenants(), [Uuid::nil(), Uuid::from_u128(2)]);
+        let sql = two.page_sql(&open);
+        assert!(sql.contains("[2]") && !sql.contains("[3]") && sql.contains(" UNION ALL "));
         assert!(window.is_restricted());
         assert!(!Selection::default().is_restricted());
+        // Booking ids and tenants: the booking index, the tenant a filter.
+        let both = Selection {
+            booking_ids: vec![Uuid::nil()],
+            ..window.clone()
+        };
+        let sql = both.page_sql(&bounded);
+        assert!(sql.contains("a.tenant_id = ANY($3)") && !sql.contains("UNION ALL"));
+    }
+
+    #[test]
+    fn only_a_window_from_after_its_end_is_empty() {
+        let at = |s: i64| DateTime::from_timestamp(1_800_000_000 + s, 0);
+        let window = |from, to| Selection {
+            expired_from: at(from),
+            expired_to: at(to),
+            ..Selection::default()
+        };
+        assert!(window(1, 0).window_is_empty());
+        assert!(window(0, 0).window_is_empty());
+        assert!(!window(0, 1).window_is_empty());
+        let open = Selection {
+            expired_from: at(5),
+            ..Selection::default()
+        };
+        assert!(!open.window_is_empty());
     }
 }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::wake::WakePolicy;
+use super::{refused::RefusedRows, wake::WakePolicy};
 use crate::{
     clock::Clock,
     config::{EventSettings, ExpirySettings, ShutdownSettings},
@@ -61,6 +61,14 @@ pub struct CycleOutcome {
     pub batches: u32,
     /// Stopped early: the time budget ran out while batches were still full.
     pub budget_exhausted: bool,
+    /// A phase stopped at `EXPIRATION_MAX_BATCHES_PER_CYCLE` with its last
+    /// batch full: more of its rows may be due.
+    pub batch_cap_reached: bool,
+    /// Bookings the last batch of each phase stopped at the cap expired.
+    pub expired_in_capped_batches: u64,
+    /// Per phase (indexed by `phase as usize`): the rows the domain refused
+    /// in this cycle, besides those it was asked to leave out.
+    pub refused_ids: [Vec<Uuid>; 2],
 }
 
 /// Why a cycle ended without completing. Batches committed before the
@@ -95,8 +103,10 @@ struct PhaseProgress {
     finished: bool,
     batches: u32,
     /// Refused rows: excluded from this cycle's later batches so they can
-    /// never starve the rows behind them.
+    /// never starve the rows behind them. The first `earlier_refused` are
+    /// those earlier cycles refused, left out from the first batch on.
     refused_ids: Vec<Uuid>,
+    earlier_refused: usize,
 }
 
 /// The expiry worker: owns the pool handle, the clock, the settings.
@@ -160,8 +170,20 @@ impl ExpiryWorker {
         &self,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
+        self.run_cycle_leaving_out(&RefusedRows::default(), shutdown)
+            .await
+    }
+
+    /// One cycle as [`Self::run_cycle`] that also leaves out the rows
+    /// earlier cycles refused (the scheduler's memory of poison rows).
+    pub async fn run_cycle_leaving_out(
+        &self,
+        earlier: &RefusedRows,
+        shutdown: &CancellationToken,
+    ) -> Result<CycleOutcome, CycleError> {
         let as_of = self.checked_now().await?;
-        self.run_cycle_at(as_of, RunId::generate(), shutdown).await
+        self.run_cycle_at_leaving_out(as_of, RunId::generate(), earlier, shutdown)
+            .await
     }
 
     /// The clock's now, never more than `max_clock_skew` ahead of the
@@ -206,6 +228,18 @@ impl ExpiryWorker {
         run_id: RunId,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
+        self.run_cycle_at_leaving_out(as_of, run_id, &RefusedRows::default(), shutdown)
+            .await
+    }
+
+    /// One cycle at a given `as_of` that leaves out `earlier` refused rows.
+    pub async fn run_cycle_at_leaving_out(
+        &self,
+        as_of: DateTime<Utc>,
+        run_id: RunId,
+        earlier: &RefusedRows,
+        shutdown: &CancellationToken,
+    ) -> Result<CycleOutcome, CycleError> {
         // PostgreSQL keeps microseconds: the event's expired_at must equal the row's.
         let as_of = as_of.trunc_subsecs(6);
         let span = tracing::info_span!(
@@ -214,13 +248,16 @@ impl ExpiryWorker {
             correlation_id = %run_id,
             tenant_ids = tracing::field::Empty,
         );
-        self.cycle(as_of, run_id, shutdown).instrument(span).await
+        self.cycle(as_of, run_id, earlier, shutdown)
+            .instrument(span)
+            .await
     }
 
     async fn cycle(
         &self,
         as_of: DateTime<Utc>,
         run_id: RunId,
+        earlier: &RefusedRows,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
         let started = Instant::now();
@@ -238,8 +275,18 @@ impl ExpiryWorker {
             version_conflicts: 0,
             batches: 0,
             budget_exhausted: false,
+            batch_cap_reached: false,
+            expired_in_capped_batches: 0,
+            refused_ids: [Vec::new(), Vec::new()],
         };
-        let mut progress = [PhaseProgress::default(), PhaseProgress::default()];
+        let mut progress = Phase::ALL.map(|phase| {
+            let refused_ids = earlier.ids(phase);
+            PhaseProgress {
+                earlier_refused: refused_ids.len(),
+                refused_ids,
+                ..PhaseProgress::default()
+            }
+        });
         // The tenants of the expired bookings, an attribute of the cycle span.
         let mut tenants = BTreeSet::new();
         // Phases take turns batch by batch, so a large backlog in one phase
@@ -258,7 +305,7 @@ impl ExpiryWorker {
                         budget_ms = self.settings.cycle_budget.as_millis() as u64,
                         "cycle budget used up with full batches; the next cycle continues"
                     );
-                    return Ok(self.finish(outcome, started));
+                    return Ok(self.finish(outcome, progress, started));
                 }
                 let batch = self
                     .batch_with_grace(
@@ -281,17 +328,28 @@ impl ExpiryWorker {
                 state
                     .refused_ids
                     .extend(batch.refused.iter().map(|(id, _)| *id));
-                if batch.selected < self.settings.batch_size as usize
-                    || state.batches >= self.settings.max_batches_per_cycle
-                {
+                if batch.selected < self.settings.batch_size as usize {
                     state.finished = true;
+                } else if state.batches >= self.settings.max_batches_per_cycle {
+                    state.finished = true;
+                    outcome.batch_cap_reached = true;
+                    outcome.expired_in_capped_batches += batch.expired.len() as u64;
                 }
             }
         }
-        Ok(self.finish(outcome, started))
+        Ok(self.finish(outcome, progress, started))
     }
 
-    fn finish(&self, mut outcome: CycleOutcome, started: Instant) -> CycleOutcome {
+    fn finish(
+        &self,
+        mut outcome: CycleOutcome,
+        progress: [PhaseProgress; 2],
+        started: Instant,
+    ) -> CycleOutcome {
+        outcome.refused_ids = progress.map(|mut state| {
+            state.refused_ids.drain(..state.earlier_refused);
+            state.refused_ids
+        });
         let elapsed = started.elapsed();
         outcome.report.duration_ms = elapsed.as_millis() as u64;
         self.metrics
@@ -495,6 +553,7 @@ impl ExpiryWorker {
             interval: self.settings.interval,
             deadline_wake: self.settings.deadline_wake,
             min_gap: self.settings.min_gap,
+            probe_interval: super::wake::PROBE_INTERVAL,
         }
     }
 

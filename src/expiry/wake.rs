@@ -9,6 +9,16 @@
 //! one cycle and the start of the next coalesces deadlines that lie close
 //! together into one cycle and bounds the database work however the
 //! deadlines fall.
+//!
+//! A deadline can also appear while the worker sleeps: crm inserts a booking,
+//! or moves a deadline earlier, after the worker last read the next one.
+//! While a sleep would last longer than [`PROBE_INTERVAL`], the scheduler
+//! wakes every [`PROBE_INTERVAL`] only to read the next deadline again (one
+//! index probe per phase, no cycle), so a booking committed at least
+//! `PROBE_INTERVAL` plus a probe's time before its deadline is known before
+//! the deadline, and expires just after it. That costs at most 60 probes a
+//! minute per instance, whatever crm writes; the probe works through any
+//! pooler (it is a plain read), unlike LISTEN.
 
 use std::time::Duration;
 
@@ -20,6 +30,12 @@ use chrono::{DateTime, Utc};
 /// clock the sleep is measured on.
 pub const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
 
+/// How often a sleeping scheduler reads the next deadline again. A booking
+/// committed 2 s before its deadline is seen by the probe at most this long
+/// after its commit, with a second to spare for a slow probe on a loaded
+/// host; 60 probes a minute per instance at most.
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// The schedule's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WakePolicy {
@@ -29,6 +45,9 @@ pub struct WakePolicy {
     pub deadline_wake: bool,
     /// No cycle starts sooner than this after the previous one ended.
     pub min_gap: Duration,
+    /// With deadline wake-up on: a sleep longer than this is cut into
+    /// probes of the next deadline this far apart ([`PROBE_INTERVAL`]).
+    pub probe_interval: Duration,
 }
 
 /// What the scheduler knows when it picks the next wake-up.
@@ -43,9 +62,12 @@ pub struct WakeInputs {
     /// The earliest deadline among active rows that was not yet due at the
     /// last cycle's `as_of` (`None`: no such row, or the probe failed).
     pub next_deadline: Option<DateTime<Utc>>,
-    /// The last cycle stopped at its time budget with full batches: due rows
-    /// are known to be waiting now.
+    /// The last cycle left due rows it could take right away (see
+    /// [`backlog_left`]).
     pub backlog_left: bool,
+    /// The next deadline can be read again while sleeping (the last cycle
+    /// succeeded, so its `as_of` is known).
+    pub can_probe: bool,
 }
 
 /// Why the scheduler wakes.
@@ -54,6 +76,8 @@ pub enum WakeReason {
     Tick,
     Deadline,
     Backlog,
+    /// No cycle: read the next deadline again, then decide anew.
+    Probe,
 }
 
 impl WakeReason {
@@ -63,6 +87,7 @@ impl WakeReason {
             WakeReason::Tick => "tick",
             WakeReason::Deadline => "deadline",
             WakeReason::Backlog => "backlog",
+            WakeReason::Probe => "probe",
         }
     }
 }
@@ -85,7 +110,31 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
     let gap_left = inputs
         .since_last_cycle
         .map_or(Duration::ZERO, |since| policy.min_gap.saturating_sub(since));
-    (wait.0.max(gap_left), wait.1)
+    let wait = (wait.0.max(gap_left), wait.1);
+    // A deadline written during the sleep must not wait for the tick: a long
+    // sleep is cut into probes (the gap is the next cycle's, not a probe's).
+    if policy.deadline_wake && inputs.can_probe && wait.0 > policy.probe_interval {
+        return (policy.probe_interval, WakeReason::Probe);
+    }
+    wait
+}
+
+/// Whether the cycle that just ended left due rows that a cycle right after
+/// the minimum gap can take, instead of leaving them for the tick: it stopped
+/// at its time budget, or a phase stopped at `EXPIRATION_MAX_BATCHES_PER_CYCLE`
+/// with a full last batch, and the next cycle will get further — that last
+/// batch expired bookings, or rows the domain refused were newly set aside
+/// (so the next cycle's batches leave them out). A full batch of refused rows
+/// that could not be set aside would come back unchanged: then the tick
+/// decides, not a loop every gap.
+pub fn backlog_left(
+    budget_exhausted: bool,
+    batch_cap_reached: bool,
+    expired_in_capped_batches: u64,
+    newly_set_aside: usize,
+) -> bool {
+    budget_exhausted
+        || (batch_cap_reached && (expired_in_capped_batches > 0 || newly_set_aside > 0))
 }
 
 #[cfg(test)]
@@ -96,6 +145,7 @@ mod tests {
         interval: Duration::from_secs(60),
         deadline_wake: true,
         min_gap: Duration::from_millis(250),
+        probe_interval: PROBE_INTERVAL,
     };
 
     fn at(secs: i64) -> DateTime<Utc> {
@@ -109,6 +159,7 @@ mod tests {
             since_last_cycle: Some(Duration::from_secs(1)),
             next_deadline: None,
             backlog_left: false,
+            can_probe: false,
         }
     }
 
@@ -249,5 +300,108 @@ mod tests {
                 assert!(wait >= gap_left, "{deadline} {since_ms}");
             }
         }
+    }
+
+    #[test]
+    fn a_long_sleep_is_cut_into_probes_of_the_next_deadline() {
+        let probing = WakeInputs {
+            can_probe: true,
+            ..inputs()
+        };
+        assert_eq!(
+            next_wake(&POLICY, &probing),
+            (PROBE_INTERVAL, WakeReason::Probe)
+        );
+        // A deadline 7 s away: probe until it is closer than a probe interval.
+        let known = WakeInputs {
+            next_deadline: Some(at(7)),
+            ..probing
+        };
+        assert_eq!(
+            next_wake(&POLICY, &known),
+            (PROBE_INTERVAL, WakeReason::Probe)
+        );
+        let close = WakeInputs {
+            now: at(7) - chrono::Duration::milliseconds(400),
+            ..known
+        };
+        assert_eq!(
+            next_wake(&POLICY, &close),
+            (
+                Duration::from_millis(400) + DEADLINE_MARGIN,
+                WakeReason::Deadline
+            )
+        );
+    }
+
+    #[test]
+    fn no_probe_when_it_cannot_or_need_not_run() {
+        // Before the first successful cycle, on the fixed schedule, and when
+        // the wake is no further than one probe interval.
+        assert_eq!(next_wake(&POLICY, &inputs()).1, WakeReason::Tick);
+        let fixed = WakePolicy {
+            deadline_wake: false,
+            ..POLICY
+        };
+        let probing = WakeInputs {
+            can_probe: true,
+            ..inputs()
+        };
+        assert_eq!(next_wake(&fixed, &probing).1, WakeReason::Tick);
+        let backlog = WakeInputs {
+            backlog_left: true,
+            since_last_cycle: Some(Duration::ZERO),
+            ..probing
+        };
+        assert_eq!(
+            next_wake(&POLICY, &backlog),
+            (POLICY.min_gap, WakeReason::Backlog)
+        );
+        let soon = WakeInputs {
+            until_tick: PROBE_INTERVAL,
+            ..probing
+        };
+        assert_eq!(
+            next_wake(&POLICY, &soon),
+            (PROBE_INTERVAL, WakeReason::Tick)
+        );
+    }
+
+    #[test]
+    fn probes_are_bounded_by_the_interval_whatever_the_deadlines() {
+        // However far the tick or the deadline, a wake comes at least every
+        // probe interval and never sooner than the gap allows for a cycle:
+        // at most 60 probes a minute.
+        for deadline in [None, Some(at(-1)), Some(at(2)), Some(at(59))] {
+            for until_tick in [0u64, 500, 1000, 30_000, 60_000] {
+                let input = WakeInputs {
+                    can_probe: true,
+                    next_deadline: deadline,
+                    until_tick: Duration::from_millis(until_tick),
+                    ..inputs()
+                };
+                let (wait, reason) = next_wake(&POLICY, &input);
+                assert!(wait <= PROBE_INTERVAL, "{deadline:?} {until_tick}");
+                if reason == WakeReason::Probe {
+                    assert_eq!(wait, PROBE_INTERVAL);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_capped_cycle_continues_only_while_it_gets_further() {
+        // The budget ran out: continue.
+        assert!(backlog_left(true, false, 0, 0));
+        // Nothing capped: the schedule decides.
+        assert!(!backlog_left(false, false, 5, 5));
+        // Capped, and the last batch expired rows: more may be due.
+        assert!(backlog_left(false, true, 1, 0));
+        // Capped with a batch of refused rows, newly set aside: the next
+        // cycle leaves them out and reaches the rows behind them.
+        assert!(backlog_left(false, true, 0, 200));
+        // Capped with refused rows that could not be set aside: the next
+        // cycle would select the same batch; the tick decides.
+        assert!(!backlog_left(false, true, 0, 0));
     }
 }

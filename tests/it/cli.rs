@@ -238,6 +238,32 @@ fn bad_configuration_exits_2_with_one_line_naming_the_setting() {
             "KAFKA_SASL_USERNAME",
         ),
         (&["migrate"], &[("DATABASE_URL", "")], "DATABASE_URL"),
+        // A reversed or empty window selects nothing: bad input, not a
+        // replay of nothing that exits 0.
+        (
+            &[
+                "republish",
+                "--expired-from",
+                "2026-12-02T00:00:00Z",
+                "--expired-to",
+                "2026-12-01T00:00:00Z",
+            ],
+            &[("DATABASE_URL", "postgres://u:hunter2@h/db")],
+            "--expired-from",
+        ),
+        (
+            &[
+                "republish",
+                "--tenant",
+                "6f0c51f2-3a6e-4c39-9a53-7d9e1f2a0b11",
+                "--expired-from",
+                "2026-12-01T00:00:00Z",
+                "--expired-to",
+                "2026-12-01T00:00:00Z",
+            ],
+            &[("DATABASE_URL", "postgres://u:hunter2@h/db")],
+            "--expired-to",
+        ),
     ];
     for (args, env, setting) in cases {
         let mut command = binary();

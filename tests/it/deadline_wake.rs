@@ -2,7 +2,9 @@
 //! on (the defaults): bookings expire just after their deadline, never at or
 //! before it; a deadline moved later before it passes is honoured; a booking
 //! added with an earlier deadline than the one the worker sleeps towards is
-//! not left for the next tick.
+//! not left for the next tick, nor one written while the worker sleeps with
+//! no deadline in sight (inserted, or moved earlier), nor rows left due by
+//! the batch cap, nor good rows behind a batch of poison rows.
 
 use std::time::Duration;
 
@@ -10,6 +12,7 @@ use crate::support::*;
 use booking_expiration::{
     clock::{Clock, SystemClock},
     config::ExpirySettings,
+    domain::Phase,
 };
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
 
@@ -178,4 +181,238 @@ async fn a_booking_added_with_an_earlier_deadline_is_not_left_for_the_tick() {
         later_row.expired_at.expect("expired") - later.booking_expires_at.expect("deadline")
             < ChronoDuration::seconds(1)
     );
+}
+
+/// `expired_at − deadline` of a stored booking (the deadline of the phase it
+/// expired from), read from the row: the database's own record, whatever the
+/// test runner's load.
+fn lateness(stored: &StoredBooking) -> ChronoDuration {
+    let deadline = match stored.status.as_str() {
+        "ReserveExpired" => stored.reserve_expires_at,
+        "BookingExpired" => stored.booking_expires_at,
+        other => panic!("{}: not expired ({other})", stored.id),
+    }
+    .expect("a deadline");
+    stored.expired_at.expect("expired") - deadline
+}
+
+/// The issue's case: bookings written while the worker sleeps towards the
+/// 60 s tick with no deadline in sight, each with a deadline 2–4 s after its
+/// commit, and one booking whose far deadline crm moves 2.5 s ahead. Each
+/// expires after its deadline and within a second of it. Before the probe
+/// they all waited for the tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookings_written_while_the_worker_sleeps_expire_within_a_second_of_their_deadline() {
+    let db = TestDb::new().await;
+    let moved =
+        NewBooking::new("AwaitingPayment").reserve_deadline(now() + ChronoDuration::hours(1));
+    db.insert(&moved).await;
+    let scheduler = Scheduler::start(&db, default_settings());
+    wait_until("the first cycle", Duration::from_secs(10), || async {
+        scheduler.metrics.last_success_timestamp_seconds.get() > 0
+    })
+    .await;
+    // Deliberate timing, the load itself: one booking every 700 ms, at
+    // moments unrelated to the worker's schedule, each due 2–4 s after its
+    // commit (the deadline is set before the insert, so the commit comes
+    // a little later: at least 2 s before the deadline).
+    let mut written = Vec::new();
+    for i in 0..8i64 {
+        let deadline = now() + ms(2_100 + 250 * i);
+        let booking = if i % 3 == 2 {
+            NewBooking::new("Booked").booking_deadline(deadline)
+        } else {
+            NewBooking::new("Reserved").reserve_deadline(deadline)
+        };
+        db.insert(&booking).await;
+        written.push(booking.id);
+        if i == 3 {
+            // Extend's opposite: crm brings a far deadline 2.5 s near.
+            db.exec_sql(&format!(
+                "UPDATE bookings SET reserve_expires_at = now() + interval '2500 ms', \
+                 version = version + 1, updated_at = now() WHERE id = '{}'",
+                moved.id
+            ))
+            .await;
+            written.push(moved.id);
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    // The tick is about 50 s away: only the probe can take them in time.
+    for id in &written {
+        wait_expired(&db, *id, Duration::from_secs(20)).await;
+    }
+    scheduler.stop().await;
+    let mut worst = ChronoDuration::zero();
+    for id in &written {
+        let stored = db.booking(*id).await;
+        let late = lateness(&stored);
+        assert!(
+            late > ChronoDuration::zero(),
+            "{id}: expired at or before its deadline"
+        );
+        assert!(
+            late < ChronoDuration::seconds(1),
+            "{id}: {} ms late",
+            late.num_milliseconds()
+        );
+        worst = worst.max(late);
+    }
+    eprintln!(
+        "written while asleep: {} bookings, worst lateness {} ms",
+        written.len(),
+        worst.num_milliseconds()
+    );
+}
+
+/// Settings with batches of 5 and one batch per phase per cycle (the
+/// draft's literal behaviour), the default 60 s interval otherwise.
+fn one_small_batch_per_cycle() -> ExpirySettings {
+    ExpirySettings {
+        batch_size: 5,
+        max_batches_per_cycle: 1,
+        ..default_settings()
+    }
+}
+
+/// With `EXPIRATION_MAX_BATCHES_PER_CYCLE=1`, 23 due rows take five
+/// cycles: each follows the previous one after `EXPIRATION_MIN_GAP`, not at
+/// the 60 s tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_left_due_by_the_batch_cap_are_taken_after_the_gap_not_at_the_tick() {
+    let db = TestDb::new().await;
+    let due: Vec<NewBooking> = (0..23)
+        .map(|i| {
+            NewBooking::new("Reserved").reserve_deadline(now() - ChronoDuration::minutes(30 - i))
+        })
+        .collect();
+    db.insert_all(&due).await;
+    let scheduler = Scheduler::start(&db, one_small_batch_per_cycle());
+    wait_until("every due row expired", Duration::from_secs(20), || async {
+        db.count("SELECT count(*) AS n FROM bookings WHERE status = 'Reserved'")
+            .await
+            == 0
+    })
+    .await;
+    scheduler.stop().await;
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        23
+    );
+}
+
+/// Inserts `poison` due rows of `phase` the domain refuses (no deal), with
+/// the oldest deadlines, and `good` due rows behind them; returns both.
+async fn poison_at_the_head(
+    db: &TestDb,
+    phase: Phase,
+    poison: i64,
+    good: i64,
+) -> (Vec<NewBooking>, Vec<NewBooking>) {
+    let due = |at: DateTime<Utc>, i: i64| {
+        let statuses = phase.active_statuses();
+        let status = statuses[i as usize % statuses.len()].as_str();
+        match phase {
+            Phase::Reserve => NewBooking::new(status).reserve_deadline(at),
+            Phase::Booking => NewBooking::new(status).booking_deadline(at),
+        }
+    };
+    let oldest = now() - ChronoDuration::hours(2);
+    let poison: Vec<NewBooking> = (0..poison)
+        .map(|i| due(oldest + ChronoDuration::seconds(i), i).without_deal())
+        .collect();
+    let good: Vec<NewBooking> = (0..good)
+        .map(|i| due(now() - ChronoDuration::minutes(30 - i), i))
+        .collect();
+    db.insert_all(&poison).await;
+    db.insert_all(&good).await;
+    (poison, good)
+}
+
+/// A batch's worth of poison rows with the oldest deadlines, and good rows
+/// behind them, with one batch per cycle: the good rows expire, cycle after
+/// cycle, long before the tick; the poison rows stay untouched, each
+/// logged and counted when refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
+    let db = TestDb::new().await;
+    let (poison, good) = poison_at_the_head(&db, Phase::Reserve, 5, 12).await;
+    let scheduler = Scheduler::start(&db, one_small_batch_per_cycle());
+    for booking in &good {
+        wait_expired(&db, booking.id, Duration::from_secs(20)).await;
+    }
+    let errors = scheduler.metrics.errors.get();
+    scheduler.stop().await;
+    for booking in &poison {
+        let stored = db.booking(booking.id).await;
+        assert_eq!(
+            stored.status, booking.status,
+            "poison rows stay as they are"
+        );
+        assert_eq!((stored.expired_at, stored.version), (None, 1));
+    }
+    assert!(
+        errors >= 5,
+        "each poison row counted when refused: {errors}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        12
+    );
+}
+
+/// The poison rows a cycle sets aside are tried again every second tick
+/// (and counted again), so they are never forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_rows_set_aside_are_tried_again_every_second_tick() {
+    let db = TestDb::new().await;
+    let poison = NewBooking::new("Booked")
+        .booking_deadline(now() - ChronoDuration::minutes(5))
+        .without_property_object();
+    db.insert(&poison).await;
+    let scheduler = Scheduler::start(
+        &db,
+        ExpirySettings {
+            interval: Duration::from_secs(1),
+            ..one_small_batch_per_cycle()
+        },
+    );
+    // Refused at the first cycle (a tick), then at the third and the fifth
+    // tick: about 4 s.
+    wait_until(
+        "the poison row refused three times",
+        Duration::from_secs(15),
+        || async { scheduler.metrics.errors.get() >= 3 },
+    )
+    .await;
+    scheduler.stop().await;
+    assert_eq!(db.booking(poison.id).await.status, "Booked");
+}
+
+/// The same head of poison rows on the fixed schedule
+/// (`EXPIRATION_DEADLINE_WAKE=false`, every cycle a tick) with one batch per
+/// cycle, the draft's literal behaviour: every other cycle leaves the poison
+/// rows out and takes the rows behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_poison_rows_never_keeps_the_rows_behind_it_on_the_fixed_schedule() {
+    let db = TestDb::new().await;
+    let (poison, good) = poison_at_the_head(&db, Phase::Booking, 5, 8).await;
+    let scheduler = Scheduler::start(
+        &db,
+        ExpirySettings {
+            interval: Duration::from_secs(1),
+            deadline_wake: false,
+            ..one_small_batch_per_cycle()
+        },
+    );
+    // Cycles 1 and 3 refuse the poison rows, 2 and 4 take the 8 behind them.
+    for booking in &good {
+        wait_expired(&db, booking.id, Duration::from_secs(20)).await;
+    }
+    scheduler.stop().await;
+    for booking in &poison {
+        assert_eq!(db.booking(booking.id).await.status, booking.status);
+    }
 }

@@ -2,8 +2,10 @@
 //! transaction pooling mode, with two server connections per database so
 //! clients share them as they do in production: `once` processes in
 //! parallel, `run` expiring and publishing, the commit wake-up over
-//! `DATABASE_DIRECT_URL` and the polling fallback without it, and `migrate`,
-//! which needs a session.
+//! `DATABASE_DIRECT_URL` and the polling fallback without it, two `run`
+//! instances at the default 60 s interval taking bookings written while they
+//! sleep (the next-deadline probe, a plain read), and `migrate`, which needs
+//! a session.
 
 use std::{
     collections::BTreeMap,
@@ -38,8 +40,7 @@ fn run_command(pooled_url: &str, topic: &str, extra: &[(&str, &str)]) -> Command
     command
         .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
         .env("KAFKA_TOPIC", topic)
-        // New bookings are found at the next tick (deadline wake-ups only
-        // know the deadlines seen at the last cycle).
+        // A short tick: the seeded backlog and the events come quickly.
         .env("EXPIRATION_INTERVAL", "1s")
         .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()));
     for (name, value) in extra {
@@ -236,4 +237,68 @@ async fn run_through_the_pooler_without_the_direct_url_polls() {
     );
     assert!(!stderr.contains("ERROR"), "{stderr}");
     assert!(!stderr.contains("LISTEN connection lost"), "{stderr}");
+}
+
+/// Invariant: through the pooler, with the default 60 s interval and two
+/// instances, a booking written while they sleep with nothing due, 2.5 s
+/// before its deadline, expires after its deadline and within a second of
+/// it: the probe of the next deadline is a plain read in a transaction, so
+/// it needs no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_through_the_pooler_takes_bookings_written_while_it_sleeps() {
+    let (db, _bouncer, url) = pooled().await;
+    let topic = create_topic(3).await;
+    let mut instances: Vec<Running> = (0..2)
+        .map(|_| {
+            let mut command = run_command(&url, &topic, &[("EXPIRATION_INTERVAL", "60s")]);
+            command.arg("--no-publisher");
+            Running::spawn(command)
+        })
+        .collect();
+    for (i, instance) in instances.iter_mut().enumerate() {
+        wait_until(
+            &format!("instance {i}'s first cycle"),
+            Duration::from_secs(30),
+            || {
+                let started = instance.stderr().contains("cycle completed");
+                async move { started }
+            },
+        )
+        .await;
+    }
+    // Deliberate timing, the load itself: three bookings 700 ms apart.
+    let mut written = Vec::new();
+    for _ in 0..3 {
+        let booking = NewBooking::new("Reserved")
+            .reserve_deadline(wall_now() + chrono::Duration::milliseconds(2_500));
+        db.insert(&booking).await;
+        written.push(booking.id);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    for id in &written {
+        wait_until("the booking to expire", Duration::from_secs(20), || async {
+            db.booking(*id).await.expired_at.is_some()
+        })
+        .await;
+    }
+    for instance in &mut instances {
+        instance.terminate();
+        assert_eq!(instance.wait(Duration::from_secs(30)).await.code(), Some(0));
+        let stderr = instance.stderr();
+        assert!(!stderr.contains("ERROR"), "{stderr}");
+        assert!(!stderr.contains("next deadline not read"), "{stderr}");
+    }
+    for id in &written {
+        let stored = db.booking(*id).await;
+        let late =
+            stored.expired_at.expect("expired") - stored.reserve_expires_at.expect("deadline");
+        eprintln!(
+            "FIGURES pgbouncer probe: expired {} ms after the deadline",
+            late.num_milliseconds()
+        );
+        assert!(
+            late > chrono::Duration::zero() && late < chrono::Duration::seconds(1),
+            "{late:?}"
+        );
+    }
 }

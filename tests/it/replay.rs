@@ -493,3 +493,305 @@ async fn a_replay_beside_the_running_worker_and_publisher_changes_nothing_else()
         audit
     );
 }
+
+/// `n` bookings of `tenant` expired at `at` by one cycle, with their audit
+/// records as the worker writes them (version, deal, property object and
+/// `ce_source` in the record), written straight in SQL: a large audit trail
+/// in a moment.
+async fn expired_in_sql(db: &TestDb, tenant: Uuid, n: u32, at: DateTime<Utc>) {
+    db.exec_sql(&format!(
+        "WITH b AS (
+             INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
+                                   reserve_expires_at, expired_at, version)
+             SELECT gen_random_uuid(), '{tenant}', gen_random_uuid(), gen_random_uuid(),
+                    'ReserveExpired', '{at}'::timestamptz - interval '1 minute', '{at}', 2
+               FROM generate_series(1, {n})
+             RETURNING id, tenant_id, deal_id, property_object_id, expired_at)
+         INSERT INTO booking_expiration_audit
+                (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at,
+                 version, deal_id, property_object_id, ce_source)
+         SELECT id, tenant_id, 'Reserved', 'ReserveExpired', 'system', gen_random_uuid(),
+                expired_at, 2, deal_id, property_object_id, '/pin/crm/booking-expiration'
+           FROM b",
+        at = at.to_rfc3339()
+    ))
+    .await;
+}
+
+/// The audit ids of the events a dry run printed on stdout.
+fn printed_audit_ids(stdout: &[u8]) -> Vec<i64> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| json(line)["audit_id"].as_i64().expect("audit_id"))
+        .collect()
+}
+
+/// A replay stopped by SIGTERM prints, as its last line, the whole command
+/// that resumes it (selection, batch size, dry run, replay id, cursor), and
+/// that command, run as printed, does the rest: every selected record once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_replay_prints_the_whole_command_that_resumes_it() {
+    let db = TestDb::new().await;
+    let (tenant, other) = (Uuid::new_v4(), Uuid::new_v4());
+    // 4,000 records in the window for the tenant, one batch each: the run
+    // takes seconds, and the signal reaches it after its first batch.
+    expired_in_sql(&db, tenant, 4_000, t0()).await;
+    expired_in_sql(&db, other, 50, t0()).await;
+    expired_in_sql(&db, tenant, 50, t0() + chrono::Duration::days(1)).await;
+    let selection = [
+        "--tenant",
+        &tenant.to_string(),
+        "--expired-from",
+        "2027-03-01T11:00:00Z",
+        "--expired-to",
+        "2027-03-01T13:00:00Z",
+    ]
+    .map(str::to_owned);
+    let mut command = binary();
+    command
+        .arg("republish")
+        .args(&selection)
+        .args(["--batch-size", "1", "--dry-run"])
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped());
+    let mut running = Running::spawn(command);
+    // Drained as it comes: a full pipe would stop the replay mid-write.
+    let mut pipe = running.child.stdout.take().expect("stdout pipe");
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut pipe, &mut out).map(|_| out)
+    });
+    wait_until("the first progress line", Duration::from_secs(30), || {
+        let progressed = running.stderr().contains("{\"replay_id\"");
+        async move { progressed }
+    })
+    .await;
+    running.terminate();
+    let status = running.wait(Duration::from_secs(30)).await;
+    let stderr = running.stderr();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let stdout = reader.join().expect("reader").expect("read stdout");
+    let first = printed_audit_ids(&stdout);
+    let last = stderr.lines().last().expect("a last line");
+    let (_, resume) = last
+        .split_once("resume with ")
+        .unwrap_or_else(|| panic!("no resume command: {last}"));
+    let words: Vec<&str> = resume.split_whitespace().collect();
+    assert_eq!(&words[..2], ["booking-expiration", "republish"], "{resume}");
+    for pair in selection.chunks(2) {
+        assert!(
+            resume.contains(&format!("{} {}", pair[0], pair[1])),
+            "{pair:?} in {resume}"
+        );
+    }
+    let summary = json(stderr.lines().rev().find(|l| l.starts_with('{')).unwrap());
+    assert!(resume.contains(&format!(
+        "--replay-id {}",
+        summary["replay_id"].as_str().unwrap()
+    )));
+    assert!(
+        resume.contains(&format!("--after {}", summary["after"])),
+        "{resume}"
+    );
+    assert!(resume.contains("--batch-size 1") && resume.contains("--dry-run"));
+    assert!(
+        !first.is_empty() && first.len() < 4_000,
+        "stopped part-way: {} printed",
+        first.len()
+    );
+
+    // The printed command, run as it is.
+    let resumed = binary()
+        .args(&words[1..])
+        .env("DATABASE_URL", &db.url)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run the resume command");
+    assert!(
+        resumed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    let mut all = first;
+    all.extend(printed_audit_ids(&resumed.stdout));
+    let distinct: BTreeSet<i64> = all.iter().copied().collect();
+    assert_eq!(all.len(), 4_000, "every selected record once");
+    assert_eq!(distinct.len(), 4_000);
+}
+
+/// Buffers the top node of an `EXPLAIN (ANALYZE, BUFFERS)` touched (hit or
+/// read): the pages the statement read, whatever the machine's load.
+fn buffers(plan: &[PlanLine]) -> u64 {
+    let line = plan
+        .iter()
+        .map(|p| p.line.trim_start())
+        .find(|l| l.starts_with("Buffers:"))
+        .unwrap_or_else(|| panic!("no Buffers line:\n{}", plan_text(plan)));
+    let count = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .map_or(0, |n| n.parse().expect("a number"))
+    };
+    count("hit=") + count("read=")
+}
+
+fn plan_text(plan: &[PlanLine]) -> String {
+    plan.iter()
+        .map(|p| p.line.as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[derive(diesel::QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+    line: String,
+}
+
+/// Over a large audit trail (300,000 records, 60 tenants, one every 5 s
+/// over 17 days), a page of a tenant, window or tenant-and-window
+/// selection reads pages in proportion to the page, wherever the cursor
+/// is, not the trail: a few hundred buffers where the trail has thousands
+/// of pages (before the replay indexes, every page was a full scan and a
+/// sort). The window's bounds are read once, in proportion to the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
+    use booking_expiration::db::replay::{self, IdBounds, Selection};
+    use diesel::sql_types::{Array, BigInt, Nullable, Timestamptz, Uuid as SqlUuid};
+    use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+
+    const RECORDS: i64 = 300_000;
+    const PAGE: i64 = 100;
+    let db = TestDb::new().await;
+    let tenants: Vec<Uuid> = (0..60).map(|_| Uuid::new_v4()).collect();
+    let list: Vec<String> = tenants.iter().map(|t| format!("'{t}'")).collect();
+    let start = t0() - chrono::Duration::days(17);
+    db.exec_sql(&format!(
+        "INSERT INTO booking_expiration_audit
+                (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at,
+                 version, deal_id, property_object_id, ce_source)
+         SELECT gen_random_uuid(), (ARRAY[{}]::uuid[])[1 + i % 60], 'Reserved', 'ReserveExpired',
+                'system', gen_random_uuid(), '{}'::timestamptz + i * interval '5 s', 2,
+                gen_random_uuid(), gen_random_uuid(), '/pin/crm/booking-expiration'
+           FROM generate_series(1, {RECORDS}) AS i",
+        list.join(", "),
+        start.to_rfc3339()
+    ))
+    .await;
+    let mut conn = db.conn().await;
+    conn.batch_execute("VACUUM ANALYZE booking_expiration_audit")
+        .await
+        .expect("vacuum");
+    let table_pages = db
+        .count(
+            "SELECT relpages::bigint AS n FROM pg_class WHERE relname = 'booking_expiration_audit'",
+        )
+        .await as u64;
+    // One tenant (5,000 records), a 6-hour window (4,320), and one tenant
+    // within a 2-day window (576).
+    let window = (
+        start + chrono::Duration::days(9),
+        start + chrono::Duration::days(9) + chrono::Duration::hours(6),
+    );
+    let selections = [
+        (
+            "tenant",
+            Selection {
+                tenant_ids: vec![tenants[7]],
+                ..Selection::default()
+            },
+        ),
+        (
+            "window",
+            Selection {
+                expired_from: Some(window.0),
+                expired_to: Some(window.1),
+                ..Selection::default()
+            },
+        ),
+        (
+            "tenant in a window",
+            Selection {
+                tenant_ids: vec![tenants[7], tenants[7]],
+                expired_from: Some(window.0),
+                expired_to: Some(window.0 + chrono::Duration::days(2)),
+                ..Selection::default()
+            },
+        ),
+    ];
+    // What `replay::page` and `id_bounds` do in their transaction (`SET
+    // LOCAL`), for the whole session here.
+    conn.batch_execute("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .await
+        .expect("set");
+    for (name, selection) in selections {
+        let bounds: IdBounds = replay::id_bounds(&mut conn, &selection)
+            .await
+            .expect("bounds")
+            .expect("records in the window");
+        // Pages at the start, in the middle and at the end of the selection.
+        let all = replay::page(&mut conn, &selection, &bounds, 0, 100_000)
+            .await
+            .expect("whole selection");
+        assert!(all.len() > 3 * PAGE as usize, "{name}: {}", all.len());
+        assert!(all.windows(2).all(|w| w[0].audit_id < w[1].audit_id));
+        for after in [
+            0,
+            all[all.len() / 2].audit_id,
+            all[all.len() - PAGE as usize / 2].audit_id,
+        ] {
+            let explain = diesel::sql_query(format!(
+                "EXPLAIN (ANALYZE, BUFFERS) {}",
+                selection.page_sql(&bounds)
+            ))
+            .bind::<BigInt, _>(after)
+            .bind::<Array<SqlUuid>, _>(selection.booking_ids.clone())
+            .bind::<Array<SqlUuid>, _>(selection.distinct_tenants())
+            .bind::<Nullable<Timestamptz>, _>(selection.expired_from)
+            .bind::<Nullable<Timestamptz>, _>(selection.expired_to)
+            .bind::<BigInt, _>(PAGE)
+            .bind::<Nullable<BigInt>, _>(bounds.first)
+            .bind::<Nullable<BigInt>, _>(bounds.last);
+            let plan: Vec<PlanLine> = explain.load(&mut conn).await.expect("explain");
+            let read = buffers(&plan);
+            eprintln!(
+                "{name}, page after {after}: {read} buffers (the trail: {table_pages} pages)"
+            );
+            // `SHOW_PLANS=1 bash scripts/test.sh --test it replay::a_replay_page
+            // -- --nocapture` prints every plan, not only a failing one.
+            if std::env::var_os("SHOW_PLANS").is_some() {
+                eprintln!("{}", plan_text(&plan));
+            }
+            assert!(
+                read <= 6 * PAGE as u64,
+                "{name}: a page of {PAGE} read {read} buffers (the trail has {table_pages} pages):\n{}",
+                plan_text(&plan)
+            );
+        }
+        // The bounds, read once per replay, cost about the window's index
+        // entries (a tenant in a window: the window's, not the tenant's).
+        let (Some(from), Some(to)) = (selection.expired_from, selection.expired_to) else {
+            continue;
+        };
+        let explain = diesel::sql_query(format!(
+            "EXPLAIN (ANALYZE, BUFFERS) {}",
+            replay::ID_BOUNDS_SQL
+        ))
+        .bind::<Nullable<Timestamptz>, _>(from)
+        .bind::<Nullable<Timestamptz>, _>(to);
+        let plan: Vec<PlanLine> = explain.load(&mut conn).await.expect("explain");
+        let read = buffers(&plan);
+        let window_records = (to - from).num_seconds() as u64 / 5;
+        eprintln!("{name}, bounds: {read} buffers for a window of {window_records} records");
+        assert!(
+            read <= window_records / 20 + 50 && read < table_pages / 10,
+            "{name}: the bounds read {read} buffers:\n{}",
+            plan_text(&plan)
+        );
+    }
+    assert!(
+        table_pages > 3_000,
+        "the trail is large: {table_pages} pages"
+    );
+}

@@ -6,7 +6,8 @@
 //! databases; statements per minute against PostgreSQL
 //! (`pg_stat_statements`, per database) for 1 and 4 instances in both modes;
 //! deadline → record on Kafka (the record's timestamp, set by the publisher
-//! when it produces) with the publisher on.
+//! when it produces) with the publisher on; and bookings written while the
+//! instances sleep (late arrivals), with statements per minute idle.
 
 use std::{
     collections::BTreeMap,
@@ -203,27 +204,13 @@ pub async fn lateness(svc: &Services, quick: bool) -> Result<Lateness> {
     let mut sides = Vec::new();
     for i in 0..2 {
         let row = lateness_of(&mut conns[i]).await?;
-        let side = LatenessSide {
-            mode: modes[i],
-            expired: row.expired as u64,
-            pending: row.pending as u64,
-            at_or_before_deadline: row.early as u64,
-            p50_s: row.p50.unwrap_or(f64::NAN),
-            p99_s: row.p99.unwrap_or(f64::NAN),
-            max_s: row.max.unwrap_or(f64::NAN),
-            done_after_last_deadline_s: done_after[i],
-            clean_exit: clean[i],
-        };
-        progress!(
-            "lateness {}: {} expired, {} at or before the deadline, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
-            side.mode.label(),
-            side.expired,
-            side.at_or_before_deadline,
-            side.p50_s,
-            side.p99_s,
-            side.max_s
-        );
-        sides.push(side);
+        sides.push(LatenessSide::of(
+            "lateness",
+            modes[i],
+            &row,
+            done_after[i],
+            clean[i],
+        ));
     }
     drop(conns);
     for db in &dbs {
@@ -254,6 +241,33 @@ struct LateRow {
     p99: Option<f64>,
     #[diesel(sql_type = Nullable<Double>)]
     max: Option<f64>,
+}
+
+impl LatenessSide {
+    /// One mode's rows read back, reported as a progress line of `figure`.
+    fn of(figure: &str, mode: Mode, row: &LateRow, done_after: f64, clean: bool) -> Self {
+        let side = Self {
+            mode,
+            expired: row.expired as u64,
+            pending: row.pending as u64,
+            at_or_before_deadline: row.early as u64,
+            p50_s: row.p50.unwrap_or(f64::NAN),
+            p99_s: row.p99.unwrap_or(f64::NAN),
+            max_s: row.max.unwrap_or(f64::NAN),
+            done_after_last_deadline_s: done_after,
+            clean_exit: clean,
+        };
+        progress!(
+            "{figure} {}: {} expired, {} at or before the deadline, p50 {:.3} s, p99 {:.3} s, max {:.3} s",
+            side.mode.label(),
+            side.expired,
+            side.at_or_before_deadline,
+            side.p50_s,
+            side.p99_s,
+            side.max_s
+        );
+        side
+    }
 }
 
 /// `expired_at` − deadline over the rows, in seconds.
@@ -372,16 +386,7 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     {
         let mut admin = svc.admin().await?;
         for db in &dbs {
-            let rows: Vec<CallsRow> = diesel::sql_query(
-                "SELECT s.calls, s.query FROM pg_stat_statements s
-                   JOIN pg_database d ON d.oid = s.dbid
-                  WHERE d.datname = $1 AND s.toplevel
-                  ORDER BY s.calls DESC",
-            )
-            .bind::<Text, _>(db)
-            .load(&mut admin)
-            .await?;
-            counted.push(rows);
+            counted.push(calls_of(&mut admin, db).await?);
         }
     }
     let window_s = reset.elapsed().as_secs_f64();
@@ -390,37 +395,14 @@ pub async fn statements(svc: &Services, quick: bool) -> Result<Statements> {
     }
     let mut expired = Vec::new();
     for db in &dbs {
-        let mut conn = AsyncPgConnection::establish(&svc.url_of(db)).await?;
-        expired.push(
-            crate::support::count(
-                &mut conn,
-                "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
-            )
-            .await? as u64,
-        );
+        expired.push(expired_count(&svc.url_of(db)).await?);
     }
     for instance in instances {
         instance.stop().await;
     }
     let mut runs = Vec::new();
     for (i, (mode, n)) in configs.into_iter().enumerate() {
-        let statements: i64 = counted[i].iter().map(|r| r.calls).sum();
-        let run = StatementsRun {
-            mode,
-            instances: n,
-            statements,
-            window_s,
-            per_minute: statements as f64 * 60.0 / window_s,
-            expired_in_window: expired[i],
-            top: counted[i]
-                .iter()
-                .take(8)
-                .map(|r| {
-                    let one_line = r.query.split_whitespace().collect::<Vec<_>>().join(" ");
-                    (r.calls, one_line.chars().take(160).collect())
-                })
-                .collect(),
-        };
+        let run = StatementsRun::of(mode, n, &counted[i], window_s, expired[i]);
         progress!(
             "statements {} x{n}: {} in {:.1} s = {:.0}/min, {} of {} expired",
             mode.label(),
@@ -449,6 +431,53 @@ struct CallsRow {
     calls: i64,
     #[diesel(sql_type = Text)]
     query: String,
+}
+
+/// The top-level statements `db` ran since the last reset, most frequent
+/// first; a bench writer's `INSERT INTO bookings` is not the worker's.
+async fn calls_of(admin: &mut AsyncPgConnection, db: &str) -> Result<Vec<CallsRow>> {
+    Ok(diesel::sql_query(
+        "SELECT s.calls, s.query FROM pg_stat_statements s
+           JOIN pg_database d ON d.oid = s.dbid
+          WHERE d.datname = $1 AND s.toplevel AND s.query NOT LIKE 'INSERT INTO bookings%'
+          ORDER BY s.calls DESC",
+    )
+    .bind::<Text, _>(db)
+    .load(admin)
+    .await?)
+}
+
+/// Bookings expired so far in the database at `url`.
+async fn expired_count(url: &str) -> Result<u64> {
+    let mut conn = AsyncPgConnection::establish(url).await?;
+    Ok(crate::support::count(
+        &mut conn,
+        "SELECT count(*)::bigint AS n FROM bookings WHERE expired_at IS NOT NULL",
+    )
+    .await? as u64)
+}
+
+impl StatementsRun {
+    /// One configuration's counts over a window of `window_s`.
+    fn of(mode: Mode, instances: u32, calls: &[CallsRow], window_s: f64, expired: u64) -> Self {
+        let statements: i64 = calls.iter().map(|r| r.calls).sum();
+        Self {
+            mode,
+            instances,
+            statements,
+            window_s,
+            per_minute: statements as f64 * 60.0 / window_s,
+            expired_in_window: expired,
+            top: calls
+                .iter()
+                .take(8)
+                .map(|r| {
+                    let one_line = r.query.split_whitespace().collect::<Vec<_>>().join(" ");
+                    (r.calls, one_line.chars().take(160).collect())
+                })
+                .collect(),
+        }
+    }
 }
 
 // ------------------------------------------------------- deadline -> Kafka
@@ -617,6 +646,171 @@ async fn read_partition(pc: &PartitionClient) -> Result<Vec<(String, DateTime<Ut
             return Ok(out);
         }
     }
+}
+
+// ----------------------------------------------------------- late arrivals
+
+/// The late-arrivals figure (`results.json`'s `late_arrivals`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LateArrivals {
+    /// The counting window (whole intervals) and, within it, the writes.
+    pub window_s: f64,
+    /// Bookings written while the instances ran (into each late database).
+    pub written: u64,
+    /// Each booking's deadline came this long after its insert (min, max).
+    pub lead_s: [f64; 2],
+    pub interval_s: f64,
+    pub deadline_driven: LatenessSide,
+    pub fixed: LatenessSide,
+    /// One instance per configuration: with the writes (`expired_in_window`
+    /// > 0) and idle, each in both modes. Statements exclude the writer's.
+    pub statements: Vec<StatementsRun>,
+    pub loadavg_at_start: [f64; 3],
+}
+
+/// Shortest and longest time from a booking's insert to its deadline: the
+/// issue's case (deadlines 2–8 s after their commit).
+const LATE_LEAD_S: [f64; 2] = [2.05, 8.0];
+
+/// Bookings written while the instances sleep: one instance per mode on a
+/// database that starts empty, and a writer that inserts a booking into
+/// both every 0.5–2.5 s (a fixed pseudo-random sequence), each due 2–8 s
+/// after its insert, for the counting window less 10 s; two more instances
+/// (one per mode) on empty databases nobody writes to. Statements per
+/// minute per database over the window (`pg_stat_statements`, the writer's
+/// inserts left out), then lateness from the rows once every booking
+/// expired (the fixed schedule needs up to one interval more).
+pub async fn late_arrivals(svc: &Services, quick: bool) -> Result<LateArrivals> {
+    let window_s = if quick { INTERVAL_S } else { 2.0 * INTERVAL_S };
+    progress!(
+        "15. late arrivals: bookings written while the worker sleeps, each due 2-8 s after its insert, for {window_s:.0} s; and idle statements"
+    );
+    profile::enable_pg_stat_statements(svc).await?;
+    let loadavg_at_start = loadavg();
+    let configs = [
+        (Mode::DeadlineDriven, true),
+        (Mode::Fixed, true),
+        (Mode::DeadlineDriven, false),
+        (Mode::Fixed, false),
+    ];
+    let mut dbs = Vec::new();
+    let mut instances = Vec::new();
+    for (mode, writes) in configs {
+        let name = format!(
+            "la_{}_{}",
+            mode_name(mode),
+            if writes { "late" } else { "idle" }
+        );
+        let db = fresh_db(svc, &name).await?;
+        instances.push(Instance::spawn(svc, &svc.url_of(&db), mode, None, &name)?);
+        dbs.push(db);
+    }
+    // Every instance started and ran its first cycle (nothing due).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for instance in &mut instances {
+        instance.ensure_running().await?;
+    }
+    let mut writers = Vec::new();
+    for db in &dbs[..2] {
+        writers.push(AsyncPgConnection::establish(&svc.url_of(db)).await?);
+    }
+    svc.admin_exec("SELECT pg_stat_statements_reset()").await?;
+    let reset = Instant::now();
+    let window = Duration::from_secs_f64(window_s);
+    let writes_until = reset + window - Duration::from_secs(10);
+    // xorshift64: the same sequence of gaps and leads in every run.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut written = 0u64;
+    let mut last_deadline = wall_now();
+    while Instant::now() < writes_until {
+        tokio::time::sleep(Duration::from_secs_f64(0.5 + 2.0 * uniform())).await;
+        let lead = LATE_LEAD_S[0] + (LATE_LEAD_S[1] - LATE_LEAD_S[0]) * uniform();
+        let deadline = wall_now() + secs(lead);
+        for conn in &mut writers {
+            let n = diesel::sql_query(spread_insert_sql())
+                .bind::<BigInt, _>(1)
+                .bind::<Timestamptz, _>(deadline)
+                .bind::<Double, _>(0.0)
+                .execute(conn)
+                .await?;
+            ensure!(n == 1, "inserted {n} bookings");
+        }
+        written += 1;
+        last_deadline = deadline;
+    }
+    progress!("late arrivals: {written} bookings written; counting until the window ends");
+    tokio::time::sleep_until((reset + window).into()).await;
+    let mut runs = Vec::new();
+    {
+        let mut admin = svc.admin().await?;
+        let window_s = reset.elapsed().as_secs_f64();
+        for ((mode, writes), db) in configs.iter().zip(&dbs) {
+            let calls = calls_of(&mut admin, db).await?;
+            let expired = expired_count(&svc.url_of(db)).await?;
+            let run = StatementsRun::of(*mode, 1, &calls, window_s, expired);
+            progress!(
+                "late arrivals: statements {} {}: {} in {window_s:.1} s = {:.0}/min",
+                mode.label(),
+                if *writes { "with the writes" } else { "idle" },
+                run.statements,
+                run.per_minute
+            );
+            runs.push(run);
+        }
+    }
+    // Every booking expired: at once for the deadline-driven instance, by
+    // the next tick for the fixed one.
+    let give_up = last_deadline + secs(INTERVAL_S + 30.0);
+    let mut sides = Vec::new();
+    let mut instances: Vec<Option<Instance>> = instances.into_iter().map(Some).collect();
+    for (i, writer) in writers.iter_mut().enumerate() {
+        while pending_rows(writer).await? > 0 {
+            ensure!(
+                wall_now() < give_up,
+                "late arrivals: rows still active {:.0} s after the last deadline",
+                seconds_between(last_deadline, wall_now())
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let done_after = seconds_between(last_deadline, wall_now());
+        let clean = match instances[i].take() {
+            Some(instance) => instance.stop().await,
+            None => false,
+        };
+        let row = lateness_of(writer).await?;
+        sides.push(LatenessSide::of(
+            "late arrivals",
+            configs[i].0,
+            &row,
+            done_after,
+            clean,
+        ));
+    }
+    for instance in instances.into_iter().flatten() {
+        instance.stop().await;
+    }
+    drop(writers);
+    for db in &dbs {
+        svc.drop_db(db).await?;
+    }
+    let fixed = sides.pop().context("fixed side")?;
+    let deadline_driven = sides.pop().context("deadline-driven side")?;
+    Ok(LateArrivals {
+        window_s,
+        written,
+        lead_s: LATE_LEAD_S,
+        interval_s: INTERVAL_S,
+        deadline_driven,
+        fixed,
+        statements: runs,
+        loadavg_at_start,
+    })
 }
 
 // ---------------------------------------------------------------- plumbing

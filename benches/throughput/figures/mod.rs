@@ -8,8 +8,10 @@ pub mod end_to_end;
 pub mod expiry;
 pub mod idle;
 pub mod kafka_tls;
+pub mod migrations;
 pub mod profile;
 pub mod publisher;
+pub mod replay;
 pub mod schema_cost;
 
 use anyhow::Result;

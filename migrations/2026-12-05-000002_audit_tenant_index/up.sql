@@ -1,0 +1,11 @@
+-- `republish --tenant`: each tenant's records in id order, so a page reads
+-- as many index entries as it returns (one ordered scan per tenant, merged).
+--
+-- CONCURRENTLY, outside a transaction (metadata.toml): the worker writes an
+-- audit row with every expiry, and a plain CREATE INDEX would hold its
+-- writes for the whole build (tens of seconds on a year of audit trail,
+-- docs/runbooks/migrations.md). IF NOT EXISTS and the recovery of an
+-- interrupted (INVALID) build as for the bookings indexes
+-- (2026-12-04-000001; src/db/migrate.rs).
+CREATE INDEX CONCURRENTLY IF NOT EXISTS ix_booking_expiration_audit_tenant_id_id
+    ON booking_expiration_audit (tenant_id, id);
