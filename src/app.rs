@@ -635,7 +635,7 @@ pub async fn republish(
             replay_id = %report.replay_id,
             after = report.after,
             selected = tracing::field::Empty,
-            tenant_ids = tracing::field::Empty,
+            tenant_count = tracing::field::Empty,
         );
         // Replay rows carry the replay's trace context, not the cycle's.
         let trace_headers = trace::headers_of(&span);
@@ -681,18 +681,10 @@ pub async fn republish(
             })
             .instrument(span.clone())
             .await?;
-        let tenants: std::collections::BTreeSet<uuid::Uuid> =
+        let tenants: std::collections::HashSet<uuid::Uuid> =
             rows.iter().map(|r| r.tenant_id).collect();
         span.record("selected", rows.len());
-        span.record(
-            "tenant_ids",
-            tenants
-                .iter()
-                .map(|t| t.to_string())
-                .collect::<Vec<_>>()
-                .join(",")
-                .as_str(),
-        );
+        span.record("tenant_count", tenants.len());
         report.batches += 1;
         report.selected += rows.len() as u64;
         report.unrebuildable += (rows.len() - writes.len()) as u64;

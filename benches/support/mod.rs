@@ -119,6 +119,36 @@ impl Stat {
 }
 
 /// Thousands separators for rates and counts.
+/// The in-process worker logs as the binary does at its defaults (level
+/// `info` unless `RUST_LOG` says otherwise, text unless `LOG_FORMAT=json`,
+/// the same spans), into `path`: a file, as a container's stdout is. Every
+/// in-process figure is measured with this logging on. Keep the guard for
+/// the run.
+pub fn log_like_the_binary(
+    path: &std::path::Path,
+) -> Result<booking_expiration::telemetry::trace::TraceGuard> {
+    use booking_expiration::telemetry::{
+        logging::{self, LogFormat},
+        trace::{self, TraceEnv},
+    };
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    let env = TraceEnv {
+        export: false,
+        default_service_name: true,
+    };
+    let (provider, guard) = trace::provider(&env)?;
+    logging::install(
+        &provider,
+        LogFormat::from_env(),
+        std::sync::Mutex::new(file),
+        false,
+    );
+    Ok(guard)
+}
+
 pub fn num(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();

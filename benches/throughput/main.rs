@@ -38,8 +38,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use figures::{
-    deadline_wake, end_to_end, expiry, idle, kafka_tls, migrations, profile, publisher, replay,
-    schema_cost,
+    deadline_wake, end_to_end, expiry, idle, kafka_tls, logging, migrations, profile, publisher,
+    replay, schema_cost,
 };
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
@@ -154,10 +154,17 @@ async fn run() -> Result<()> {
         load_start[2]
     );
     let svc = Services::start()?;
+    let worker_log = svc.work.join("worker.log");
+    let _log = support::log_like_the_binary(&worker_log)?;
+    progress!(
+        "the in-process worker logs as the binary does at its defaults, to {}",
+        worker_log.display()
+    );
     let postgresql = postgresql_settings(&svc).await?;
     create_topic(&svc, figures::TOPIC, 3).await?;
     let seeded = [
         "expiry",
+        "logging",
         "lean",
         "schema_cost",
         "idle",
@@ -185,6 +192,14 @@ async fn run() -> Result<()> {
             expiry::measure(&svc, templates()?, &expiry::HEADLINE, quick).await?,
         );
     }
+
+    let logging = match wants("logging") {
+        true => {
+            let ten_k = templates()?.backlog(Backlog::TenK);
+            Some(logging::measure(&svc, &ten_k, quick).await?)
+        }
+        false => None,
+    };
 
     let lean = match wants("lean") {
         true => {
@@ -316,6 +331,7 @@ async fn run() -> Result<()> {
         replay,
         migrations,
         late_arrivals,
+        logging,
         profile_pg_stat_statements: profile,
     };
     let json_path = out_dir.join("results.json");

@@ -11,6 +11,7 @@ use crate::{
         deadline_wake::{DeadlineToKafka, LateArrivals, Lateness, Mode, Statements},
         end_to_end::EndToEnd,
         expiry::{self, Comparison},
+        logging::{self, LoggingFigure},
         migrations::MigrationsFigure,
         profile::ProfileRun,
         publisher::PublisherFigure,
@@ -147,6 +148,9 @@ pub fn figures_table(r: &Results) -> String {
             met: goal.map_or("-".into(), |g| met(c.ratio >= g)),
             load: c.loadavg_at_start,
         });
+    }
+    if let Some(logging) = &r.logging {
+        logging_rows(logging, &mut rows);
     }
     if let Some(lean) = &r.lean {
         lean_rows(lean, &mut rows);
@@ -506,6 +510,33 @@ fn end_to_end_rows(e: &EndToEnd, rows: &mut Vec<Row>) {
             e.peak_rss_mib.max < RSS_GOAL_MIB,
         )),
     ));
+}
+
+/// Figure 16: the default logging, text and JSON, against `RUST_LOG=warn`.
+fn logging_rows(f: &LoggingFigure, rows: &mut Vec<Row>) {
+    for (format, runs) in [("text", &f.text), ("LOG_FORMAT=json", &f.json)] {
+        rows.push(Row {
+            figure: format!(
+                "logging at the default level, {format}: `once` over {} due of {} tenants, log to a file \
+                 ({:.0} B per booking, longest line {} B) vs `RUST_LOG=warn`",
+                f.due,
+                f.tenants,
+                f.bytes_per_booking(runs),
+                runs.longest_line
+            ),
+            project: fixed(&LoggingFigure::cycle(runs), 0, "ms"),
+            baseline: fixed(&LoggingFigure::cycle(&f.warn), 0, "ms"),
+            ratio: format!("{:.2}x", f.ratio(runs)),
+            goal: format!(
+                "<= {}x, <= {:.0} B per booking, lines <= {} B",
+                logging::RATIO_GOAL,
+                logging::BYTES_PER_BOOKING_GOAL,
+                logging::LONGEST_LINE_GOAL
+            ),
+            met: met(f.met(runs)),
+            load: f.loadavg_at_start,
+        });
+    }
 }
 
 fn secs3(v: f64) -> String {

@@ -23,8 +23,9 @@ use crate::figures::{
 };
 
 /// The figures `BENCH_ONLY` names, in the order a full run measures them.
-pub const FIGURES: [&str; 15] = [
+pub const FIGURES: [&str; 16] = [
     "expiry",
+    "logging",
     "lean",
     "schema_cost",
     "idle",
@@ -100,6 +101,9 @@ pub struct Results {
     /// Figure 15: bookings written while the worker sleeps; idle statements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub late_arrivals: Option<LateArrivals>,
+    /// Figure 16: the default logging against `RUST_LOG=warn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<crate::figures::logging::LoggingFigure>,
     /// The profile pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile_pg_stat_statements: Option<Vec<ProfileRun>>,
@@ -153,6 +157,7 @@ impl Results {
             "replay" => self.replay.is_some(),
             "migrations" => self.migrations.is_some(),
             "late_arrivals" => self.late_arrivals.is_some(),
+            "logging" => self.logging.is_some(),
             _ => false,
         };
         FIGURES.into_iter().filter(|f| has(f)).collect()
@@ -187,6 +192,7 @@ impl Results {
         self.replay = self.replay.or(previous.replay);
         self.migrations = self.migrations.or(previous.migrations);
         self.late_arrivals = self.late_arrivals.or(previous.late_arrivals);
+        self.logging = self.logging.or(previous.logging);
         self.profile_pg_stat_statements = self
             .profile_pg_stat_statements
             .or(previous.profile_pg_stat_statements);

@@ -111,7 +111,7 @@ static ACTIVE_SQL: LazyLock<String> = LazyLock::new(|| {
 INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
                       {first}, {second}, created_at, updated_at, version)
 SELECT gen_random_uuid(),
-       ('00000000-0000-4000-8000-' || lpad((i % 20)::text, 12, '0'))::uuid,
+       ('00000000-0000-4000-8000-' || lpad((i % 1000)::text, 12, '0'))::uuid,
        gen_random_uuid(), gen_random_uuid(),
        s.status,
        CASE WHEN s.status = ANY($7::text[]) THEN d.deadline END,
@@ -134,7 +134,7 @@ static INACTIVE_SQL: LazyLock<String> = LazyLock::new(|| {
 INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
                       {first}, {second}, expired_at, created_at, updated_at, version)
 SELECT gen_random_uuid(),
-       ('00000000-0000-4000-8000-' || lpad((i % 20)::text, 12, '0'))::uuid,
+       ('00000000-0000-4000-8000-' || lpad((i % 1000)::text, 12, '0'))::uuid,
        gen_random_uuid(), gen_random_uuid(),
        ($4::text[])[1 + (i % cardinality($4::text[]))::int],
        $3 - interval '30 days', $3 - interval '20 days', NULL,

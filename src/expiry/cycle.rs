@@ -2,7 +2,7 @@
 //! batch, for both phases.
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::HashSet,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -26,18 +26,6 @@ use crate::{
     events,
     telemetry::{Metrics, trace},
 };
-
-/// Ids as one attribute value: comma-separated, sorted.
-fn join_ids(ids: &BTreeSet<Uuid>) -> String {
-    let mut joined = String::with_capacity(ids.len() * 37);
-    for id in ids {
-        if !joined.is_empty() {
-            joined.push(',');
-        }
-        joined.push_str(&id.hyphenated().to_string());
-    }
-    joined
-}
 
 /// The result of a cycle, exactly the JSON line `once` prints.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -246,7 +234,7 @@ impl ExpiryWorker {
             "expiry_cycle",
             run_id = %run_id,
             correlation_id = %run_id,
-            tenant_ids = tracing::field::Empty,
+            tenant_count = tracing::field::Empty,
         );
         self.cycle(as_of, run_id, earlier, shutdown)
             .instrument(span)
@@ -287,8 +275,10 @@ impl ExpiryWorker {
                 ..PhaseProgress::default()
             }
         });
-        // The tenants of the expired bookings, an attribute of the cycle span.
-        let mut tenants = BTreeSet::new();
+        // The tenants of the expired bookings: their number is a field of
+        // the cycle span, recorded once when the cycle ends (each booking's
+        // own line and outbox record name its tenant).
+        let mut tenants = HashSet::new();
         // Phases take turns batch by batch, so a large backlog in one phase
         // cannot use up the budget before the other phase had a batch.
         while progress.iter().any(|p| !p.finished) {
@@ -305,7 +295,7 @@ impl ExpiryWorker {
                         budget_ms = self.settings.cycle_budget.as_millis() as u64,
                         "cycle budget used up with full batches; the next cycle continues"
                     );
-                    return Ok(self.finish(outcome, progress, started));
+                    return Ok(self.finish(outcome, progress, started, tenants.len()));
                 }
                 let batch = self
                     .batch_with_grace(
@@ -319,11 +309,7 @@ impl ExpiryWorker {
                     .await?;
                 state.batches += 1;
                 outcome.batches += 1;
-                let before = tenants.len();
                 tenants.extend(batch.expired.iter().map(|e| e.tenant_id.as_uuid()));
-                if tenants.len() > before {
-                    tracing::Span::current().record("tenant_ids", join_ids(&tenants).as_str());
-                }
                 self.after_commit(phase, &batch, &mut outcome);
                 state
                     .refused_ids
@@ -337,7 +323,7 @@ impl ExpiryWorker {
                 }
             }
         }
-        Ok(self.finish(outcome, progress, started))
+        Ok(self.finish(outcome, progress, started, tenants.len()))
     }
 
     fn finish(
@@ -345,7 +331,9 @@ impl ExpiryWorker {
         mut outcome: CycleOutcome,
         progress: [PhaseProgress; 2],
         started: Instant,
+        tenant_count: usize,
     ) -> CycleOutcome {
+        tracing::Span::current().record("tenant_count", tenant_count);
         outcome.refused_ids = progress.map(|mut state| {
             state.refused_ids.drain(..state.earlier_refused);
             state.refused_ids
@@ -414,7 +402,7 @@ impl ExpiryWorker {
             run_id = %run_id,
             correlation_id = %run_id,
             selected = tracing::field::Empty,
-            tenant_ids = tracing::field::Empty,
+            tenant_count = tracing::field::Empty,
         );
         // Every outbox row of the batch names this span in `traceparent`.
         let trace = trace::headers_of(&span);
@@ -423,10 +411,8 @@ impl ExpiryWorker {
             tracing::info!(%phase, count = rows.len(), "batch selected");
             let current = tracing::Span::current();
             current.record("selected", rows.len());
-            let tenants: BTreeSet<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
-            if !tenants.is_empty() {
-                current.record("tenant_ids", join_ids(&tenants).as_str());
-            }
+            let tenants: HashSet<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
+            current.record("tenant_count", tenants.len());
             let mut result = BatchResult {
                 selected: rows.len(),
                 ..BatchResult::default()

@@ -857,7 +857,7 @@ impl Instance {
         command
             .env("DATABASE_URL", url)
             .env("METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG")
             .stdin(std::process::Stdio::null())
             .stdout(file.try_clone()?)
             .stderr(file)

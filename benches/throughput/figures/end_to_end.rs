@@ -173,7 +173,7 @@ async fn run_once(svc: &Services, template: &Template, rep: usize) -> Result<(u6
         // A long poll: the publisher is driven by the commit notification.
         .env("OUTBOX_POLL_INTERVAL", "10s")
         .env("METRICS_ADDR", format!("127.0.0.1:{metrics_port}"))
-        .env("RUST_LOG", "info")
+        .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -8,6 +8,7 @@ pub mod end_to_end;
 pub mod expiry;
 pub mod idle;
 pub mod kafka_tls;
+pub mod logging;
 pub mod migrations;
 pub mod profile;
 pub mod publisher;
