@@ -447,6 +447,9 @@ SELECT gen_random_uuid(), ('00000000-0000-4000-8000-' || lpad((i % {tenants})::t
                  f"JOIN pg_roles ro ON ro.oid = st.userid WHERE ro.rolname = '{WORKER_ROLE}')"
                  if self.a.pg_stat_statements else
                  "(SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'crm')")
+        worker_wal = ("(SELECT coalesce(sum(wal_bytes), 0) FROM pg_stat_statements st "
+                      f"JOIN pg_roles ro ON ro.oid = st.userid WHERE ro.rolname = '{WORKER_ROLE}')"
+                      if self.a.pg_stat_statements else "NULL")
         row = psql_rows(self.owner_url, f"""
 SELECT (SELECT count(*) FROM booking_expiration_audit),
        (SELECT count(*) FROM booking_expiration_outbox),
@@ -463,13 +466,14 @@ SELECT (SELECT count(*) FROM booking_expiration_audit),
        (SELECT count(*) FROM pg_stat_activity WHERE usename = '{WORKER_ROLE}'),
        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),
        {stmts},
-       {DUE_BACKLOG}
+       {DUE_BACKLOG},
+       {worker_wal}
 """, timeout=120)[0]
         keys = ["audit_rows", "outbox_rows", "outbox_unpublished", "outbox_parked", "outbox_past_retention",
                 "outbox_bytes", "audit_bytes", "outbox_dead", "audit_dead", "bookings_dead", "wal_lsn",
-                "db_conn_worker", "db_conn_total", "statements", "due_backlog"]
+                "db_conn_worker", "db_conn_total", "statements", "due_backlog", "worker_wal"]
         for k, v in zip(keys, row):
-            s[k] = float(v) if k == "wal_lsn" else int(float(v)) if v != "" else None
+            s[k] = None if v == "" else float(v) if k in ("wal_lsn", "worker_wal") else int(float(v))
         # Lateness of the expiries that committed since the last sample (audit ids
         # are assigned before commit, so read back a margin and keep the unseen ones).
         late = []
@@ -498,9 +502,12 @@ SELECT a.id, round(extract(epoch FROM a.at - {EXPIRED_DEADLINE}) * 1000, 1)
             s["stmts_per_min"] = (s["statements"] - prev["statements"]) * 60 / dt
             s["wal_bytes_interval"] = s["wal_lsn"] - prev["wal_lsn"]
             s["wal_per_expired"] = s["wal_bytes_interval"] / d_exp if d_exp else None
+            s["worker_wal_per_expired"] = ((s["worker_wal"] - prev["worker_wal"]) / d_exp
+                                           if d_exp and s["worker_wal"] is not None else None)
             s["log_bytes_per_expired_interval"] = (s["log_bytes"] - prev["log_bytes"]) / d_exp if d_exp else None
         else:
             s["stmts_per_min"] = s["wal_bytes_interval"] = s["wal_per_expired"] = None
+            s["worker_wal_per_expired"] = None
             s["log_bytes_per_expired_interval"] = None
         s["kafka_p99_ms"] = None  # filled in from the topic at the end
         return s
@@ -674,7 +681,7 @@ SELECT st.calls, round(st.total_exec_time::numeric, 1), st.rows,
             "kafka_p99_ms", "statements", "stmts_per_min", "outbox_rows", "outbox_unpublished", "outbox_parked",
             "outbox_past_retention", "outbox_bytes", "outbox_dead", "audit_bytes", "audit_dead", "bookings_dead",
             "log_bytes", "log_bytes_per_expired", "log_bytes_per_expired_interval", "wal_lsn", "wal_bytes_interval",
-            "wal_per_expired"]
+            "wal_per_expired", "worker_wal", "worker_wal_per_expired"]
         with open(self.out / "samples.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(cols)
@@ -757,6 +764,9 @@ SELECT st.calls, round(st.total_exec_time::numeric, 1), st.rows,
                 "log_bytes_per_expired_end": r(smp[-1]["log_bytes_per_expired"]) if smp else None,
                 "wal_bytes_per_expired_mean": r(sum(s["wal_bytes_interval"] or 0 for s in smp[1:]) /
                                                 max(1, smp[-1]["audit_rows"] - smp[0]["audit_rows"])) if len(smp) > 1 else None,
+                "worker_wal_bytes_per_expired_mean": r((smp[-1]["worker_wal"] - smp[0]["worker_wal"]) /
+                                                       max(1, smp[-1]["audit_rows"] - smp[0]["audit_rows"]))
+                if len(smp) > 1 and smp[0]["worker_wal"] is not None else None,
                 "outbox_rows_end": smp[-1]["outbox_rows"] if smp else None,
                 "outbox_bytes_end": smp[-1]["outbox_bytes"] if smp else None,
                 "outbox_dead_max": max((s["outbox_dead"] or 0 for s in smp), default=None),
@@ -892,7 +902,8 @@ def svg(samples: list[dict], instances: list[dict], summary: dict) -> str:
         ("audit rows", [("rows", ser("audit_rows")), ("dead tuples", ser("audit_dead"))], None),
         ("log bytes per expired booking", [("cumulative", ser("log_bytes_per_expired")),
                                            ("interval", ser("log_bytes_per_expired_interval"))], None),
-        ("WAL bytes per expired booking (all writers)", [("interval", ser("wal_per_expired"))], None),
+        ("WAL bytes per expired booking", [("all writers", ser("wal_per_expired")),
+                                           ("worker role", ser("worker_wal_per_expired"))], None),
         ("bookings (cumulative)", [("expired", ser("audit_rows")), ("arrivals", ser("arrivals")),
                                    ("manager cmds", ser("manager_ops"))], None),
         ("due backlog (active, deadline > 1 s ago)", [("rows", ser("due_backlog"))], None),
