@@ -28,7 +28,8 @@ pub const EXPIRATION_MAX_CLOCK_SKEW: Option<Duration> = Some(Duration::from_secs
 pub const EXPIRATION_DEADLINE_WAKE: bool = true;
 pub const EXPIRATION_MIN_GAP: Duration = Duration::from_millis(250);
 
-pub const KAFKA_TOPIC: &str = "pin.crm.booking-expired.v1";
+/// The contract's topic, as the consumers' crate names it.
+pub const KAFKA_TOPIC: &str = booking_expired_proto::TOPIC;
 pub const CE_SOURCE: &str = crate::events::DEFAULT_SOURCE;
 
 pub const OUTBOX_BATCH_SIZE: u32 = 500;

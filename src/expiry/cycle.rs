@@ -36,6 +36,13 @@ pub struct CycleReport {
     pub duration_ms: u64,
 }
 
+impl CycleReport {
+    /// Bookings the cycle expired, both phases.
+    pub fn expired(&self) -> u64 {
+        self.reserve_expired_count + self.booking_expired_count
+    }
+}
+
 /// The report plus what logs and tests need besides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CycleOutcome {

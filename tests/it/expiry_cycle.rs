@@ -276,7 +276,7 @@ async fn poison_rows_are_left_out_and_retried_next_cycle() {
     let outcome = worker.run_cycle(&CancellationToken::new()).await.unwrap();
     assert_eq!(outcome.poison_count, 3);
     assert_eq!(
-        outcome.report.reserve_expired_count + outcome.report.booking_expired_count,
+        outcome.report.expired(),
         5,
         "the rest of the batches committed"
     );
@@ -289,10 +289,7 @@ async fn poison_rows_are_left_out_and_retried_next_cycle() {
     // The next cycle tries the poison rows again.
     let next = worker.run_cycle(&CancellationToken::new()).await.unwrap();
     assert_eq!(next.poison_count, 3);
-    assert_eq!(
-        next.report.reserve_expired_count + next.report.booking_expired_count,
-        0
-    );
+    assert_eq!(next.report.expired(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,10 +313,7 @@ async fn backlog_beyond_one_batch_is_drained_in_one_cycle_unless_limited() {
         .run_cycle(&CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(
-        rest.report.reserve_expired_count + rest.report.booking_expired_count,
-        700
-    );
+    assert_eq!(rest.report.expired(), 700);
     assert_eq!(
         db.count("SELECT count(*) AS n FROM bookings WHERE status IN ('Reserved','AwaitingPayment','Booked')")
             .await,
@@ -423,7 +417,7 @@ async fn parallel_instances_expire_each_booking_exactly_once() {
     let mut total = 0;
     for handle in handles {
         let outcome = handle.await.unwrap();
-        total += outcome.report.reserve_expired_count + outcome.report.booking_expired_count;
+        total += outcome.report.expired();
     }
     assert_eq!(total, 10_000, "every booking expired once across instances");
     assert_eq!(
@@ -609,10 +603,7 @@ async fn domain_events_are_dispatched_only_after_commit() {
     });
     let worker = db.worker(&clock, 100).subscribe(subscriber.clone());
     let outcome = worker.run_cycle(&CancellationToken::new()).await.unwrap();
-    assert_eq!(
-        outcome.report.reserve_expired_count + outcome.report.booking_expired_count,
-        450
-    );
+    assert_eq!(outcome.report.expired(), 450);
     assert_eq!(subscriber.seen.lock().unwrap().len(), 450);
     assert_eq!(*subscriber.uncommitted.lock().unwrap(), 0);
 
@@ -647,10 +638,7 @@ async fn domain_events_are_dispatched_only_after_commit() {
     db2.exec_sql("ALTER TABLE outbox_gone RENAME TO booking_expiration_outbox")
         .await;
     let retried = failing.run_cycle(&CancellationToken::new()).await.unwrap();
-    assert_eq!(
-        retried.report.reserve_expired_count + retried.report.booking_expired_count,
-        50
-    );
+    assert_eq!(retried.report.expired(), 50);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,10 +56,7 @@ async fn expire_into_outbox(db: &TestDb, n: u64, topic: &str) {
         .run_cycle(&CancellationToken::new())
         .await
         .unwrap();
-    assert_eq!(
-        outcome.report.reserve_expired_count + outcome.report.booking_expired_count,
-        n
-    );
+    assert_eq!(outcome.report.expired(), n);
 }
 
 async fn published(db: &TestDb) -> i64 {

@@ -373,11 +373,7 @@ pub async fn expire_all(
                         let outcome = worker
                             .run_cycle_at(as_of, RunId::generate(), &token)
                             .await?;
-                        Ok::<_, anyhow::Error>((
-                            outcome.report.reserve_expired_count
-                                + outcome.report.booking_expired_count,
-                            outcome.batches,
-                        ))
+                        Ok::<_, anyhow::Error>((outcome.report.expired(), outcome.batches))
                     }
                     Side::Raw => raw_instance(pool, as_of, batch, RawHeaders::Json).await,
                     Side::RawWith(headers) => raw_instance(pool, as_of, batch, headers).await,

@@ -21,7 +21,7 @@ use booking_expiration::db::{self, PgPool};
 use crate::support::db_settings;
 
 /// The topic every figure but end to end publishes to.
-pub const TOPIC: &str = "pin.crm.booking-expired.v1";
+pub const TOPIC: &str = booking_expired_proto::TOPIC;
 /// `ce_source` of the events the worker and the raw-SQL baseline write.
 pub const SOURCE: &str = "/pin/crm/booking-expiration";
 
