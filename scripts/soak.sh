@@ -20,17 +20,24 @@
 # (path printed) on failure. Every process it starts is stopped on exit, INT
 # and TERM. CARGO_TARGET_DIR is honoured (default: target/).
 set -euo pipefail
-cd "$(dirname "$0")/.."
 
-args=("$@")
+# --out relative to the caller's folder, not the repository's.
+args=()
 out=""
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[i]}" in
-    --out) out="${args[i+1]:-}" ;;
-    --out=*) out="${args[i]#--out=}" ;;
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out|--out=*)
+      if [[ "$1" == --out ]]; then [[ $# -ge 2 ]] || { echo "soak.sh: --out needs a folder" >&2; exit 2; }; out="$2"; shift
+      else out="${1#--out=}"; fi
+      mkdir -p "$out"
+      out="$(cd "$out" && pwd)"
+      args+=(--out "$out") ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) args+=("$1") ;;
   esac
+  shift
 done
+cd "$(dirname "$0")/.."
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/booking-expiration-soak.XXXXXX")"
 chmod 755 "$work" # the postgres OS user owns the cluster inside
