@@ -79,6 +79,7 @@ FDS_TOLERANCE = (0.05, 2)  # last third's mean <= middle third's + max(5%, 2 fds
 LATENESS_P99_MS = 1000.0  # in every interval with expiries
 OUTBOX_BACKLOG_MAX = 1000  # unpublished rows at every sample (spec §6 alert)
 RETENTION_SWEEP_SLACK_S = 120  # the sweep runs every 60 s (src/outbox/maintenance.rs)
+MIN_SAMPLES_FLAT = 6  # fewer cannot tell warm-up from growth
 DUE_CUTOFF_S = 5  # "deadline passed more than a few seconds before the end"
 
 
@@ -618,6 +619,11 @@ SELECT st.calls, round(st.total_exec_time::numeric, 1), st.rows,
         results, figures = [], {}
 
         def flat(metric: str, tol: tuple[float, float], unit: str, scale: float):
+            if n < MIN_SAMPLES_FLAT:
+                results.append({"goal": f"{metric} flat", "ok": False,
+                                "detail": f"run too short to judge: {n} samples, at least {MIN_SAMPLES_FLAT} "
+                                          "needed (a third of warm-up, then two thirds to compare)"})
+                return
             for inst in self.instances:
                 key = f"{metric}_{inst['n']}"
                 m = mean([s[key] for s in mid if s[key] is not None])
