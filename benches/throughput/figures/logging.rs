@@ -182,10 +182,17 @@ async fn run_once(svc: &Services, url: &str, setup: Setup, rep: usize) -> Result
         .arg("once")
         .env("DATABASE_URL", url)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .stderr(log)
         .kill_on_drop(true);
     let started = std::time::Instant::now();
-    let output = command.output().await.context("run once")?;
+    // Not `output()`: it would pipe stderr too, and the log must go to the file.
+    let output = command
+        .spawn()
+        .context("start once")?
+        .wait_with_output()
+        .await
+        .context("run once")?;
     let process_ms = started.elapsed().as_secs_f64() * 1e3;
     let text = std::fs::read_to_string(&log_path)?;
     ensure!(
