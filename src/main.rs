@@ -30,7 +30,7 @@ fn main() -> ExitCode {
             return ExitCode::from(error.exit_code().clamp(0, 255) as u8);
         }
     };
-    let _trace = match logging::init() {
+    let trace = match logging::init() {
         Ok(guard) => guard,
         Err(TraceSetupError::Protocol { name, value }) => {
             let problem = format!("only {OTLP_PROTOCOL} is supported (got {value})");
@@ -38,10 +38,15 @@ fn main() -> ExitCode {
         }
         Err(error) => return fail(&anyhow::Error::new(error)),
     };
-    match execute(cli.command) {
+    let code = match execute(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&error),
-    }
+    };
+    // Flushes the spans still queued for export (which may log), then the
+    // log lines still in the buffer.
+    drop(trace);
+    logging::flush();
+    code
 }
 
 /// One line (or block) of a command's result on stdout. A reader that
@@ -58,7 +63,9 @@ fn fail(error: &anyhow::Error) -> ExitCode {
     let code = error
         .downcast_ref::<AppError>()
         .map_or(1, AppError::exit_code);
-    eprintln!("booking-expiration: {error:#}");
+    // After the log lines still in the buffer (before logging is set up,
+    // the buffer is empty and this is a plain stderr line).
+    logging::stderr_line(&format!("booking-expiration: {error:#}"));
     ExitCode::from(code)
 }
 
@@ -163,7 +170,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                         }
                     },
                     |progress| match serde_json::to_string(progress) {
-                        Ok(line) => eprintln!("{line}"),
+                        Ok(line) => logging::stderr_line(&line),
                         Err(error) => tracing::warn!(%error, "progress not printed"),
                     },
                 )
@@ -171,7 +178,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 printed.context("cannot write the events to stdout")?;
                 let summary = serde_json::to_string(&report)?;
                 if request.dry_run {
-                    eprintln!("{summary}");
+                    logging::stderr_line(&summary);
                 } else {
                     writeln!(stdout, "{summary}")?;
                 }

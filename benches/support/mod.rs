@@ -140,12 +140,7 @@ pub fn log_like_the_binary(
         default_service_name: true,
     };
     let (provider, guard) = trace::provider(&env)?;
-    logging::install(
-        &provider,
-        LogFormat::from_env(),
-        std::sync::Mutex::new(file),
-        false,
-    );
+    logging::install(&provider, LogFormat::from_env(), Box::new(file), false);
     Ok(guard)
 }
 

@@ -327,17 +327,20 @@ pub struct ExpiryWrite {
 /// statement. Each update is conditioned on the version and status that
 /// were read, so a row changed by anyone else since is left alone and gets
 /// neither audit nor outbox row. Returns the ids actually expired.
+/// Parameters in order: `$1`–`$12` the per-row arrays, in the order of
+/// `t(…)`; then `$13` as_of, `$14` actor, `$15` run id, `$16` topic,
+/// `$17` written_at, `$18` ce_source.
 const PERSIST_SQL: &str = "\
 WITH input AS (
     SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::uuid[],
                          $6::uuid[], $7::text[], $8::bytea[], $9::text[],
-                         $15::bigint[], $16::uuid[], $17::uuid[])
+                         $10::bigint[], $11::uuid[], $12::uuid[])
         AS t(id, read_version, from_status, to_status, tenant_id,
              event_id, message_key, payload, headers,
              version, deal_id, property_object_id)
 ), updated AS (
     UPDATE bookings b
-       SET status = i.to_status, expired_at = $10, updated_at = $10, version = b.version + 1
+       SET status = i.to_status, expired_at = $13, updated_at = $13, version = b.version + 1
       FROM input i
      WHERE b.id = i.id AND b.version = i.read_version AND b.status = i.from_status
     RETURNING b.id
@@ -345,13 +348,13 @@ WITH input AS (
     INSERT INTO booking_expiration_audit
            (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at,
             version, deal_id, property_object_id, ce_source)
-    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $11, $12, $10,
+    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $14, $15, $13,
            i.version, i.deal_id, i.property_object_id, $18
       FROM input i JOIN updated u ON u.id = i.id
 ), queued AS (
     INSERT INTO booking_expiration_outbox
            (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
-    SELECT i.event_id, $13, i.message_key, i.payload, i.headers::json, $12, i.tenant_id, $14
+    SELECT i.event_id, $16, i.message_key, i.payload, i.headers::json, $15, i.tenant_id, $17
       FROM input i JOIN updated u ON u.id = i.id
 )
 SELECT id FROM updated";
@@ -428,14 +431,14 @@ pub async fn persist_expiries(
         .bind::<Array<Text>, _>(&keys)
         .bind::<Array<Binary>, _>(&payloads)
         .bind::<Array<Text>, _>(&headers)
+        .bind::<Array<BigInt>, _>(&versions)
+        .bind::<Array<SqlUuid>, _>(&deal_ids)
+        .bind::<Array<SqlUuid>, _>(&property_object_ids)
         .bind::<Timestamptz, _>(as_of)
         .bind::<Text, _>(SYSTEM_ACTOR)
         .bind::<SqlUuid, _>(run_id.as_uuid())
         .bind::<Text, _>(&events.topic)
         .bind::<Timestamptz, _>(written_at)
-        .bind::<Array<BigInt>, _>(&versions)
-        .bind::<Array<SqlUuid>, _>(&deal_ids)
-        .bind::<Array<SqlUuid>, _>(&property_object_ids)
         .bind::<Text, _>(&events.ce_source)
         .load(conn)
         .await?;

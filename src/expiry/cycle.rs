@@ -415,7 +415,13 @@ impl ExpiryWorker {
         let trace = trace::headers_of(&span);
         conn.transaction(async |conn| {
             let rows = bookings::lock_due(conn, phase, as_of, settings.batch_size, exclude).await?;
-            tracing::info!(%phase, count = rows.len(), "batch selected");
+            // An empty batch says nothing an operator needs: with several
+            // instances woken at the same deadline, most batches are empty.
+            if rows.is_empty() {
+                tracing::debug!(%phase, count = 0, "batch selected");
+            } else {
+                tracing::info!(%phase, count = rows.len(), "batch selected");
+            }
             let current = tracing::Span::current();
             current.record("selected", rows.len());
             let tenants: HashSet<Uuid> = rows.iter().map(|r| r.tenant_id).collect();

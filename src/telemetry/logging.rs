@@ -6,13 +6,24 @@
 //! What a line costs does not depend on the work: spans carry ids and
 //! counts, never lists, and each span field is recorded once, so a line
 //! stays a few hundred bytes whatever the batch or the number of tenants
-//! (`tests/it/logging.rs`).
+//! (`tests/it/logging.rs`). Lines wait in a buffer and reach stderr in
+//! blocks ([`BufferedStderr`]): one write per block, not one per line.
 
-use std::io::IsTerminal;
+use std::{
+    io::{BufWriter, IsTerminal, Write},
+    sync::{LazyLock, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
 
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Level;
-use tracing_subscriber::{EnvFilter, filter::Targets, fmt, fmt::MakeWriter, prelude::*};
+use tracing_subscriber::{
+    EnvFilter,
+    filter::{FilterExt as _, Targets, filter_fn},
+    fmt,
+    fmt::MakeWriter,
+    prelude::*,
+};
 
 use super::trace::{self, TraceEnv, TraceGuard, TraceSetupError};
 
@@ -34,33 +45,130 @@ impl LogFormat {
     }
 }
 
-/// Installs the global subscriber. Call once, in `main`, before the async
-/// runtime starts; keep the guard until the command ended (dropping it
-/// flushes the spans still queued for export).
+/// The log buffer's size: about 180 lines of a few hundred bytes.
+pub const BUFFER_BYTES: usize = 64 * 1024;
+/// The longest a line waits in the buffer while the process runs.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
+
+type Target = BufWriter<Box<dyn Write + Send>>;
+
+/// Where log lines go (stderr unless [`install`] was given another file),
+/// through one buffer.
+static TARGET: LazyLock<Mutex<Target>> = LazyLock::new(|| {
+    Mutex::new(BufWriter::with_capacity(
+        BUFFER_BYTES,
+        Box::new(std::io::stderr()),
+    ))
+});
+
+fn target() -> MutexGuard<'static, Target> {
+    TARGET.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The log lines' writer: a line goes into the buffer whole, and the buffer
+/// is written out when full, every [`FLUSH_EVERY`] (a thread [`install`]
+/// starts), before a panic's message, and by [`flush`] when the command
+/// ends. With a `booking expired` line per booking, a write per line cost
+/// up to a fifth of the cycle (benchmark figure 16); a block of lines costs
+/// one. A `kill -9` loses at most the last [`FLUSH_EVERY`] of lines.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogBuffer;
+
+impl Write for LogBuffer {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        target().write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        target().write_all(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        // The flusher's job: a flush per line is what the buffer avoids.
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for LogBuffer {
+    type Writer = LogBuffer;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        *self
+    }
+}
+
+/// Writes what waits in the log buffer out now.
+pub fn flush() {
+    let _ = target().flush();
+}
+
+/// One line on stderr after the log lines written before it (the command's
+/// own messages: errors, `republish` progress).
+pub fn stderr_line(line: &str) {
+    let mut target = target();
+    let _ = writeln!(target, "{line}").and_then(|()| target.flush());
+}
+
+/// Installs the global subscriber, writing to stderr. Call once, in `main`,
+/// before the async runtime starts; keep the guard until the command ended
+/// (dropping it flushes the spans still queued for export), and call
+/// [`flush`] before the process exits.
 pub fn init() -> Result<TraceGuard, TraceSetupError> {
     let trace_env = TraceEnv::from_lookup(|name| std::env::var(name).ok())?;
     let (provider, guard) = trace::provider(&trace_env)?;
     install(
         &provider,
         LogFormat::from_env(),
-        std::io::stderr,
+        Box::new(std::io::stderr()),
         std::io::stderr().is_terminal(),
     );
+    let panic_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        // Not while this thread holds the buffer (a panic inside a write).
+        if let Ok(mut target) = TARGET.try_lock() {
+            let _ = target.flush();
+        }
+        panic_hook(info);
+    }));
     Ok(guard)
 }
 
 /// Installs the binary's subscriber (trace layer, `RUST_LOG` filter,
-/// `format`) writing the log lines to `writer`: `main` passes stderr, the
-/// benchmarks a file, so they measure what the binary costs.
-pub fn install<W>(provider: &SdkTracerProvider, format: LogFormat, writer: W, ansi: bool)
-where
-    W: for<'a> MakeWriter<'a> + Send + Sync + 'static,
-{
+/// `format`) writing the log lines through the buffer to `output`: `main`
+/// passes stderr, the benchmarks a file, so they measure what the binary
+/// costs. Starts the thread that empties the buffer every [`FLUSH_EVERY`].
+pub fn install(
+    provider: &SdkTracerProvider,
+    format: LogFormat,
+    output: Box<dyn Write + Send>,
+    ansi: bool,
+) {
+    {
+        let mut target = target();
+        let _ = target.flush();
+        *target = BufWriter::with_capacity(BUFFER_BYTES, output);
+    }
+    let _ = std::thread::Builder::new()
+        .name("log-flush".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(FLUSH_EVERY);
+                flush();
+            }
+        });
+    let writer = LogBuffer;
     // RUST_LOG filters the logs only: the worker's spans (info level) are
     // traced whatever the log level, so RUST_LOG=warn keeps the trace.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let spans = Targets::new().with_target(env!("CARGO_CRATE_NAME"), Level::INFO);
-    let registry = tracing_subscriber::registry().with(trace::layer(provider).with_filter(spans));
+    // The trace takes the spans and, as span events, only warnings and
+    // errors: a `booking expired` event per booking on the cycle span would
+    // grow the span with the cycle.
+    let traced = Targets::new()
+        .with_target(env!("CARGO_CRATE_NAME"), Level::INFO)
+        .and(filter_fn(|meta| {
+            meta.is_span() || *meta.level() <= Level::WARN
+        }));
+    let registry = tracing_subscriber::registry().with(trace::layer(provider).with_filter(traced));
     match format {
         LogFormat::Json => registry
             .with(
