@@ -1,8 +1,8 @@
 //! The one renderer of a run: the figures table with its goals, the raw
 //! samples of every figure, the profile pass, the idle cycle's plans and
 //! the expiry details, all as Markdown from a [`Results`] (a fresh run's
-//! or one read back from `results.json`). README.md and docs/benchmarks.md
-//! paste its output; nothing else formats a figure.
+//! or one read back from `results.json`). docs/benchmarks.md pastes its
+//! output (README.md quotes a few rows); nothing else formats a figure.
 
 use std::fmt::Write as _;
 

@@ -8,7 +8,7 @@
 //! weaker: `verify-ca` without a root file is refused at start (libpq fails
 //! at connect), a named file that cannot be read is an error in every mode
 //! (libpq skips a missing `sslrootcert` under `prefer`/`require`), and
-//! nothing is read from `~/.postgresql/`. README, "PostgreSQL TLS", lists
+//! nothing is read from `~/.postgresql/`. docs/configuration.md, "PostgreSQL TLS", lists
 //! every difference with its test.
 
 use std::{fmt, path::PathBuf};

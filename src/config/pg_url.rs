@@ -20,7 +20,7 @@
 //!   authority, as in libpq.
 //!
 //! Where this parser differs from libpq it refuses rather than guesses
-//! (README, "PostgreSQL TLS", differences from libpq):
+//! (docs/configuration.md, "PostgreSQL TLS", differences from libpq):
 //!
 //! - An `@` or `/` in the password is taken as it is when the URL can be
 //!   read only one way: the credentials may then end at a later `@` (the

@@ -20,8 +20,8 @@ pub type PooledConnection<'a> =
 /// Session settings applied to every new connection; none through a
 /// transaction pooler, where a `SET` would stay on a server connection that
 /// other clients (crm) get next, and would not follow this client to the
-/// next one: there the limits belong on the role (README, "Behind a
-/// connection pooler").
+/// next one: there the limits belong on the role (docs/configuration.md,
+/// "Behind a connection pooler").
 fn session_setup_sql(settings: &DatabaseSettings) -> String {
     if settings.pooler == Pooler::Transaction {
         return String::new();

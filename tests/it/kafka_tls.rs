@@ -361,8 +361,8 @@ async fn rotated_files_are_used_without_a_restart() {
     );
 }
 
-/// The operator's path: `run` with SASL_SSL + SCRAM-SHA-512 as the README
-/// shows it publishes, and `/readyz` is 503 while TLS fails (a wrong CA,
+/// The operator's path: `run` with SASL_SSL + SCRAM-SHA-512 as
+/// docs/configuration.md shows it publishes, and `/readyz` is 503 while TLS fails (a wrong CA,
 /// fixed on disk while it runs) and 200 after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_over_sasl_ssl_with_scram() {

@@ -1,6 +1,6 @@
 //! The integration tests, one binary, against the real PostgreSQL and
 //! Apache Kafka that the test command starts (`bash scripts/test.sh`; see
-//! README). One module per subject; run one with
+//! docs/testing.md). One module per subject; run one with
 //! `bash scripts/test.sh --test it faults::`.
 
 mod support;
