@@ -348,7 +348,7 @@ cmd_describe_topic() {
 
 # write_node_config DIR N P1 P2 P3: node N of the cluster whose PLAINTEXT ports are P1..P3
 # (controller ports P1+1..P3+1). The timing values are what the fault tests' goals are
-# measured against (README "Under faults"):
+# measured against (docs/reliability.md, "A Kafka cluster under faults"):
 # - broker.session.timeout.ms=6000 (default 9000), broker.heartbeat.interval.ms=1000
 #   (default 2000): the controller fences a crashed broker, and moves its leaderships,
 #   6 s after its last heartbeat.

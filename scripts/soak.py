@@ -73,7 +73,7 @@ DUE_BACKLOG = (
     "AND booking_expires_at < now() - interval '1 second'))"
 )
 
-# Goals (README "Soak"). Fixed here, not tuned to a run.
+# Goals (docs/soak.md). Fixed here, not tuned to a run.
 RSS_TOLERANCE = (0.05, 1024)  # last third's mean <= middle third's + max(5%, 1 MiB) (KiB)
 FDS_TOLERANCE = (0.05, 2)  # last third's mean <= middle third's + max(5%, 2 fds)
 LATENESS_P99_MS = 1000.0  # in every interval with expiries

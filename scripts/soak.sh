@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Soak benchmark shaped like production (README "Soak"): a throwaway PostgreSQL
+# Soak benchmark shaped like production (docs/soak.md): a throwaway PostgreSQL
 # with default durability and a single-node Kafka, 1,000,000 bookings across
 # 1,000 tenants, four `booking-expiration run` instances at their default
 # settings, steady arrivals and a manager that extends, cancels, books and
