@@ -75,7 +75,7 @@ func TestEachBreakageIsCaught(t *testing.T) {
 		{"privilege escalation", "          allowPrivilegeEscalation: false\n", "          allowPrivilegeEscalation: true\n", "allowPrivilegeEscalation must be false"},
 		{"root", "        runAsNonRoot: true\n        runAsUser: 65532\n", "        runAsNonRoot: false\n        runAsUser: 0\n", "runAsNonRoot must be true"},
 		{"no seccomp profile", "          type: RuntimeDefault\n", "          type: Unconfined\n", "seccompProfile.type must be RuntimeDefault"},
-		{"memory under the measured RSS", "            memory: 32Mi\n", "            memory: 16Mi\n", "under 2x the measured peak RSS"},
+		{"memory under the measured RSS", "            memory: 48Mi\n", "            memory: 16Mi\n", "under 2x the measured peak RSS"},
 		{"certificate mounted with subPath", "        - mountPath: /etc/booking-expiration/tls\n          name: tls\n", "        - mountPath: /etc/booking-expiration/tls\n          name: tls\n          subPath: ca.crt\n", "never updates such a file"},
 		{"world-readable key", "          defaultMode: 288\n", "          defaultMode: 420\n", "defaultMode must give others no access"},
 		{"migrate through the pooler (no direct URL)", "  DATABASE_DIRECT_URL: ", "  DATABASE_DIRECT_URLS: ", "DATABASE_POOLER=transaction and no DATABASE_DIRECT_URL: migrate"},
