@@ -118,7 +118,6 @@ impl Stat {
     }
 }
 
-/// Thousands separators for rates and counts.
 /// The in-process worker logs as the binary does at its defaults (level
 /// `info` unless `RUST_LOG` says otherwise, text unless `LOG_FORMAT=json`,
 /// the same spans), into `path`: a file, as a container's stdout is. Every
@@ -144,6 +143,7 @@ pub fn log_like_the_binary(
     Ok(guard)
 }
 
+/// Thousands separators for rates and counts.
 pub fn num(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();

@@ -7,7 +7,7 @@
 //! counts, never lists, and each span field is recorded once, so a line
 //! stays a few hundred bytes whatever the batch or the number of tenants
 //! (`tests/it/logging.rs`). Lines wait in a buffer and reach stderr in
-//! blocks ([`BufferedStderr`]): one write per block, not one per line.
+//! blocks ([`LogBuffer`]): one write per block, not one per line.
 
 use std::{
     io::{BufWriter, IsTerminal, Write},
