@@ -51,6 +51,34 @@ impl AppError {
     }
 }
 
+/// The start-up checks of the database settings that need the TLS library
+/// (the CPU, the certificate and key files), made before anything
+/// connects: `database`, or the line of an exit 2.
+pub fn checked_database(database: DatabaseSettings) -> Result<DatabaseSettings, ConfigError> {
+    let setting = if database.is_direct {
+        "DATABASE_DIRECT_URL"
+    } else {
+        "DATABASE_URL"
+    };
+    db::tls::check(setting, &database.url)?;
+    if let Some(direct) = &database.direct_url {
+        db::tls::check("DATABASE_DIRECT_URL", direct)?;
+    }
+    Ok(database)
+}
+
+/// [`checked_database`] and the Kafka TLS check, for `run`.
+pub fn checked_settings(settings: Settings) -> Result<Settings, ConfigError> {
+    let database = checked_database(settings.database)?;
+    if let Some(kafka) = &settings.kafka {
+        outbox::kafka_tls::check(kafka)?;
+    }
+    Ok(Settings {
+        database,
+        ..settings
+    })
+}
+
 /// `migrate`: applies pending migrations.
 pub async fn migrate(database: &DatabaseSettings) -> Result<Vec<String>, AppError> {
     let applied = db::migrate::run_migrations(database).await?;
@@ -146,7 +174,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             clock: Arc::clone(&clock),
             metrics: Arc::clone(&metrics),
             health: Arc::clone(&health),
-            pool: pool.clone(),
+            database: {
+                let pool = pool.clone();
+                Arc::new(move || {
+                    let pool = pool.clone();
+                    Box::pin(async move { db::ping(&pool).await })
+                })
+            },
             liveness_window: http_settings.liveness_window,
         },
         shutdown.clone(),

@@ -246,9 +246,9 @@ fn security_protocol(args: &KafkaArgs) -> Result<SecurityProtocol, ConfigError> 
     }
 }
 
-/// The TLS settings of `SSL` and `SASL_SSL`; the files are read once now,
-/// so an unreadable or malformed one is an error at start (they are read
-/// again for every connection).
+/// The TLS settings of `SSL` and `SASL_SSL`. The files are checked at
+/// start by `outbox::kafka_tls::check` (and read again for every
+/// connection).
 fn kafka_tls(
     args: &KafkaTlsArgs,
     protocol: SecurityProtocol,
@@ -272,15 +272,6 @@ fn kafka_tls(
             ));
         }
         return Ok(None);
-    }
-    if !crate::tls::cpu_supported() {
-        return Err(ConfigError::new(
-            "KAFKA_SECURITY_PROTOCOL",
-            format!(
-                "{protocol} needs TLS, and this CPU cannot run the TLS library \
-                 (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)"
-            ),
-        ));
     }
     let client = match (
         &args.kafka_ssl_certificate_location,
@@ -308,8 +299,6 @@ fn kafka_tls(
         ca: args.kafka_ssl_ca_location.clone(),
         client,
     };
-    crate::outbox::kafka_tls::client_config(&tls)
-        .map_err(|e| ConfigError::new(e.setting, format!("{}: {}", e.path.display(), e.problem)))?;
     Ok(Some(tls))
 }
 
@@ -320,15 +309,15 @@ fn kafka_tls(
 pub struct DatabaseUrl {
     url: pg_url::PgUrl,
     /// What tokio-postgres connects with: the parts of `url`, libpq's TLS
-    /// parameters left out (see [`crate::db::tls`]).
+    /// parameters left out (`db::tls` adds them).
     config: tokio_postgres::Config,
     tls: pg_tls::PgTls,
 }
 
 impl DatabaseUrl {
-    /// Parses the URL and its TLS parameters, and reads the certificate and
-    /// key files they name once: a bad file is a configuration error at
-    /// start.
+    /// Parses the URL and its TLS parameters. The certificate and key files
+    /// they name are checked at start by `db::tls::check` (a bad file
+    /// exits 2 as a bad setting does).
     pub fn parse(raw: &str) -> Result<Self, ConfigError> {
         const SETTING: &str = "DATABASE_URL";
         let url =
@@ -336,17 +325,6 @@ impl DatabaseUrl {
         let tls =
             pg_tls::from_params(&url).map_err(|problem| ConfigError::new(SETTING, problem))?;
         let config = tokio_config(&url).map_err(|problem| ConfigError::new(SETTING, problem))?;
-        if tls.mode.requires_tls() && !crate::db::tls::cpu_supported() {
-            return Err(ConfigError::new(
-                SETTING,
-                format!(
-                    "sslmode={} needs TLS, and this CPU cannot run the TLS library \
-                     (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)",
-                    tls.mode
-                ),
-            ));
-        }
-        crate::db::tls::validate(&tls).map_err(|e| ConfigError::new(SETTING, e.to_string()))?;
         Ok(Self { url, config, tls })
     }
 

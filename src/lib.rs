@@ -23,8 +23,19 @@
 //! - [`config`]: typed, validated settings; [`clock`]: the time seam.
 //! - [`app`]: wiring of the commands used by the binary.
 //!
-//! Dependencies point inwards: `app` → `expiry`/`outbox` → `db`/`events` →
-//! `domain`; `config`, `clock`, `tls` and `telemetry` are leaves.
+//! # Layers
+//!
+//! Dependencies point downwards: a module uses only modules of the layers
+//! below its own, never one of its own layer or above. `tests/it/layering.rs`
+//! reads every `crate::` path outside the test modules and fails on an
+//! arrow against this list.
+//!
+//! 1. [`app`]
+//! 2. [`expiry`], [`outbox`]
+//! 3. [`db`], [`telemetry`]
+//! 4. [`events`]
+//! 5. [`domain`]
+//! 6. [`config`], [`clock`], [`tls`]
 
 // The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
 // and every public type debuggable. clippy.toml keeps the wall clock behind

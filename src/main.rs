@@ -79,6 +79,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             // transaction pooler (required there).
             let database = database
                 .settings()
+                .and_then(app::checked_database)
                 .and_then(|settings| settings.for_migrate())
                 .map_err(invalid)?;
             block_on(async |_| {
@@ -100,7 +101,10 @@ fn execute(command: Command) -> anyhow::Result<()> {
             shutdown,
             events,
         } => {
-            let database = database.settings().map_err(invalid)?;
+            let database = database
+                .settings()
+                .and_then(app::checked_database)
+                .map_err(invalid)?;
             block_on(async |stop| {
                 let report = app::once(&database, expiry, events, shutdown, stop).await?;
                 out(&serde_json::to_string(&report)?)?;
@@ -108,7 +112,10 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Status { database, json } => {
-            let database = database.settings().map_err(invalid)?;
+            let database = database
+                .settings()
+                .and_then(app::checked_database)
+                .map_err(invalid)?;
             block_on(async |_| {
                 let report = app::status(&database).await?;
                 if json {
@@ -127,7 +134,10 @@ fn execute(command: Command) -> anyhow::Result<()> {
                     all_parked,
                 },
         } => {
-            let database = database.settings().map_err(invalid)?;
+            let database = database
+                .settings()
+                .and_then(app::checked_database)
+                .map_err(invalid)?;
             let which = if all_parked {
                 Unpark::All
             } else {
@@ -140,7 +150,11 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Republish(args) => {
-            let database = args.database.settings().map_err(invalid)?;
+            let database = args
+                .database
+                .settings()
+                .and_then(app::checked_database)
+                .map_err(invalid)?;
             let request = app::RepublishRequest {
                 selection: Selection {
                     booking_ids: args.booking_id,
@@ -190,7 +204,10 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Seed { database, seed } => {
-            let database = database.settings().map_err(invalid)?;
+            let database = database
+                .settings()
+                .and_then(app::checked_database)
+                .map_err(invalid)?;
             block_on(async |_| {
                 let inserted = app::seed(&database, &seed).await?;
                 out(&format!("{{\"inserted\":{inserted}}}"))?;
@@ -198,7 +215,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Run(args) => {
-            let settings = Settings::from_args(args).map_err(invalid)?;
+            let settings = Settings::from_args(args)
+                .and_then(app::checked_settings)
+                .map_err(invalid)?;
             block_on(async |stop| Ok(app::run(settings, stop).await?))
         }
     }

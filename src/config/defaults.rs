@@ -30,7 +30,8 @@ pub const EXPIRATION_MIN_GAP: Duration = Duration::from_millis(250);
 
 /// The contract's topic, as the consumers' crate names it.
 pub const KAFKA_TOPIC: &str = booking_expired_proto::TOPIC;
-pub const CE_SOURCE: &str = crate::events::DEFAULT_SOURCE;
+/// The `ce_source` header of the events.
+pub const CE_SOURCE: &str = "/pin/crm/booking-expiration";
 
 pub const OUTBOX_BATCH_SIZE: u32 = 500;
 pub const OUTBOX_POLL_INTERVAL: Duration = Duration::from_secs(1);

@@ -17,7 +17,7 @@ pub mod replay;
 pub mod seed;
 pub mod tls;
 
-pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, probe};
+pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, ping, probe};
 
 use std::time::Duration;
 

@@ -143,3 +143,18 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
         .connection_timeout(settings.connect_timeout)
         .build_unchecked(manager)
 }
+
+/// How long the readiness probe waits for the database.
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether a pooled connection answers `SELECT 1` within two seconds (the
+/// readiness probe). The simple protocol: no prepared statement, which a
+/// transaction pooler could not keep between two messages.
+pub async fn ping(pool: &PgPool) -> bool {
+    use diesel_async::SimpleAsyncConnection;
+    let ping = async {
+        let mut conn = pool.get().await.ok()?;
+        conn.batch_execute("SELECT 1").await.ok()
+    };
+    matches!(tokio::time::timeout(PING_TIMEOUT, ping).await, Ok(Some(_)))
+}

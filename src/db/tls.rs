@@ -31,7 +31,7 @@ use tokio_postgres::config::SslMode as WireSslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::{
-    DatabaseUrl, Pooler,
+    ConfigError, DatabaseUrl, Pooler,
     pg_tls::{PgTls, RootCerts, SslMode, Verify},
 };
 
@@ -73,6 +73,25 @@ fn key_file_mode(path: &Path, metadata: &std::fs::Metadata) -> Result<(), TlsFil
         ));
     }
     Ok(())
+}
+
+/// The check at start of a database URL's TLS, before anything connects:
+/// the CPU can run the TLS library when the `sslmode` requires TLS, and
+/// [`validate`]. Its error names `setting` (`DATABASE_URL` or
+/// `DATABASE_DIRECT_URL`), an exit 2.
+pub fn check(setting: &str, url: &DatabaseUrl) -> Result<(), ConfigError> {
+    let tls = url.tls();
+    if tls.mode.requires_tls() && !cpu_supported() {
+        return Err(ConfigError::new(
+            setting,
+            format!(
+                "sslmode={} needs TLS, and this CPU cannot run the TLS library \
+                 (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)",
+                tls.mode
+            ),
+        ));
+    }
+    validate(tls).map_err(|e| ConfigError::new(setting, e.to_string()))
 }
 
 /// Checks at start what [`client_config`] will read for every connection:

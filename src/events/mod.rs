@@ -9,9 +9,6 @@ use uuid::Uuid;
 
 use crate::domain::{BookingExpired, Phase, RunId};
 
-/// Default `ce_source`.
-pub const DEFAULT_SOURCE: &str = "/pin/crm/booking-expiration";
-
 /// Namespace of event ids (UUIDv5 of booking id and version), so the same
 /// transition always has the same id.
 const EVENT_ID_NAMESPACE: Uuid = Uuid::from_u128(0x6c1f_3b1e_9a52_4d0b_8c43_2f7e_5d9a_0b11);
@@ -127,6 +124,7 @@ pub fn outbox_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::defaults::CE_SOURCE;
     use crate::domain::{BookingId, DealId, PropertyObjectId, Status, TenantId};
     use booking_expired_proto::decode_record;
     use chrono::TimeZone;
@@ -155,7 +153,7 @@ mod tests {
             traceparent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()),
             tracestate: Some("congo=t61rcWkgMzE".to_owned()),
         };
-        let message = outbox_message(&e, run_id, DEFAULT_SOURCE, &trace);
+        let message = outbox_message(&e, run_id, CE_SOURCE, &trace);
         let get = |name: &str| {
             message
                 .headers
@@ -166,14 +164,14 @@ mod tests {
         assert_eq!(get("ce_specversion"), Some("1.0"));
         assert_eq!(get("ce_type"), Some("pin.crm.booking-expired.v1"));
         assert_eq!(get("content-type"), Some("application/protobuf"));
-        assert_eq!(get("ce_source"), Some(DEFAULT_SOURCE));
+        assert_eq!(get("ce_source"), Some(CE_SOURCE));
         assert_eq!(get("ce_time"), Some("2027-01-15T08:00:00.000005Z"));
         assert_eq!(get("ce_id"), Some(message.event_id.to_string().as_str()));
         assert_eq!(get("correlation_id"), Some(run_id.to_string().as_str()));
         assert_eq!(get("tenant_id"), Some(e.tenant_id.to_string().as_str()));
         assert_eq!(get("traceparent"), trace.traceparent.as_deref());
         assert_eq!(get("tracestate"), trace.tracestate.as_deref());
-        let untraced = outbox_message(&e, run_id, DEFAULT_SOURCE, &TraceHeaders::default());
+        let untraced = outbox_message(&e, run_id, CE_SOURCE, &TraceHeaders::default());
         assert_eq!(
             untraced.headers,
             message
@@ -214,7 +212,7 @@ mod tests {
             let phase = if booking_phase { Phase::Booking } else { Phase::Reserve };
             let e = event(seed, phase, seconds, nanos, version);
             let run_id = RunId::new(Uuid::from_u128(run));
-            let message = outbox_message(&e, run_id, DEFAULT_SOURCE, &TraceHeaders::default());
+            let message = outbox_message(&e, run_id, CE_SOURCE, &TraceHeaders::default());
             let received = decode_record(
                 &message.payload,
                 message.headers.iter().map(|(k, v)| (*k, v.as_bytes())),

@@ -51,7 +51,7 @@ use tokio::{
 use tokio_rustls::TlsConnector;
 
 use crate::{
-    config::{KafkaSettings, KafkaTls, SaslMechanism, SecurityProtocol},
+    config::{ConfigError, KafkaSettings, KafkaTls, SaslMechanism, SecurityProtocol},
     tls::{TlsFileError, key_problem, load_certs, load_key, provider},
 };
 
@@ -100,9 +100,32 @@ pub enum SecurityError {
     },
 }
 
+/// The check at start of the Kafka TLS settings, before anything
+/// connects: the CPU can run the TLS library, and the files
+/// [`client_config`] will read for every connection are readable and
+/// well-formed. Its error names the setting to fix (an exit 2).
+pub fn check(kafka: &KafkaSettings) -> Result<(), ConfigError> {
+    let Some(tls) = &kafka.tls else {
+        return Ok(());
+    };
+    if !crate::tls::cpu_supported() {
+        return Err(ConfigError::new(
+            "KAFKA_SECURITY_PROTOCOL",
+            format!(
+                "{} needs TLS, and this CPU cannot run the TLS library \
+                 (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)",
+                kafka.security_protocol()
+            ),
+        ));
+    }
+    client_config(tls)
+        .map(drop)
+        .map_err(|e| ConfigError::new(e.setting, format!("{}: {}", e.path.display(), e.problem)))
+}
+
 /// The rustls configuration for one new broker connection, the files read
 /// now: the trusted CAs and the client certificate of `tls`, host names
-/// always verified. Also the check at start ([`crate::config`]).
+/// always verified.
 pub fn client_config(tls: &KafkaTls) -> Result<ClientConfig, TlsFileError> {
     let provider = provider();
     let roots = match &tls.ca {
