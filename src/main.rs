@@ -7,6 +7,7 @@ use std::{io::Write as _, process::ExitCode};
 use anyhow::Context;
 use booking_expiration::{
     app::{self, AppError},
+    clock::SystemClock,
     config::{Cli, Command, ConfigError, OutboxCommand, Settings},
     db::{outbox::Unpark, replay::Selection},
     telemetry::{
@@ -117,7 +118,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 .and_then(app::checked_database)
                 .map_err(invalid)?;
             block_on(async |_| {
-                let report = app::status(&database).await?;
+                let report = app::status(&database, &SystemClock).await?;
                 if json {
                     out(&serde_json::to_string(&report)?)?;
                 } else {
@@ -175,6 +176,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                     &database,
                     &events,
                     &request,
+                    &SystemClock,
                     stop,
                     |event| {
                         if printed.is_ok() {
@@ -209,7 +211,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                 .and_then(app::checked_database)
                 .map_err(invalid)?;
             block_on(async |_| {
-                let inserted = app::seed(&database, &seed).await?;
+                let inserted = app::seed(&database, &seed, &SystemClock).await?;
                 out(&format!("{{\"inserted\":{inserted}}}"))?;
                 Ok(())
             })

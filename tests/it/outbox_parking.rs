@@ -179,7 +179,7 @@ async fn a_refused_row_is_parked_kept_listed_and_put_back() {
     assert_eq!((stats.unpublished, stats.parked), (0, 1));
     assert_eq!(rig.metrics.outbox_parked.get(), 1);
     assert_eq!(rig.metrics.outbox_unpublished.get(), 0);
-    let status = app::status(&db.settings).await.unwrap();
+    let status = app::status(&db.settings, &SystemClock).await.unwrap();
     assert_eq!(status.outbox_parked, 1);
     assert_eq!(status.parked.len(), 1);
     assert_eq!(status.parked[0].event_id, bad.event_id);
@@ -231,7 +231,7 @@ async fn a_row_that_cannot_become_a_record_is_parked_not_sent() {
     assert_eq!(rig.publisher.publish_batch().await.unwrap(), 9);
     assert_eq!(sink.produced().len(), 9, "the corrupt row is not sent");
     assert_eq!((claimable(&db).await, parked(&db).await), (0, 1));
-    let status = app::status(&db.settings).await.unwrap();
+    let status = app::status(&db.settings, &SystemClock).await.unwrap();
     assert!(
         status.parked[0]
             .reason
@@ -379,7 +379,7 @@ async fn an_oversized_row_is_parked_the_others_published_once_then_retried() {
         "the big row is not on the topic"
     );
 
-    let status = app::status(&db.settings).await.unwrap();
+    let status = app::status(&db.settings, &SystemClock).await.unwrap();
     assert_eq!(status.parked.len(), 1);
     let parked_row = &status.parked[0];
     assert_eq!(parked_row.event_id, big.event_id);

@@ -250,6 +250,7 @@ async fn replay_ms(svc: &Services, db: &str, pick: &Pick) -> Result<f64> {
         &settings,
         &EventSettings::default(),
         &request,
+        &booking_expiration::clock::SystemClock,
         CancellationToken::new(),
         |_| {},
         |_| {},
