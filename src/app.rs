@@ -77,7 +77,7 @@ pub fn checked_database(database: DatabaseSettings) -> Result<DatabaseSettings, 
 pub fn checked_settings(settings: Settings) -> Result<Settings, ConfigError> {
     let database = checked_database(settings.database)?;
     if let Some(kafka) = &settings.kafka {
-        outbox::kafka_tls::check(kafka)?;
+        outbox::kafka::tls_bridge::check(kafka)?;
     }
     Ok(Settings {
         database,

@@ -60,7 +60,7 @@ impl fmt::Display for Compression {
 pub struct KafkaSettings {
     pub bootstrap_servers: Vec<String>,
     pub client_id: String,
-    /// Bounds one whole produce (see [`Settings::stop_grace`]).
+    /// Bounds one whole produce (see [`super::Settings::stop_grace`]).
     pub request_timeout: Duration,
     pub create_topic: bool,
     pub topic_partitions: i32,
@@ -215,7 +215,7 @@ fn security_protocol(args: &KafkaArgs) -> Result<SecurityProtocol, ConfigError> 
 }
 
 /// The TLS settings of `SSL` and `SASL_SSL`. The files are checked at
-/// start by `outbox::kafka_tls::check` (and read again for every
+/// start by `outbox::kafka::tls_bridge::check` (and read again for every
 /// connection).
 fn kafka_tls(
     args: &KafkaTlsArgs,

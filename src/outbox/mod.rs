@@ -3,15 +3,15 @@
 //!
 //! - [`publisher`]: the claim/produce/mark batch, lanes, and `run` (wake-up,
 //!   backoff, shutdown); the broker readiness check.
-//! - [`sink`]: the [`Sink`] seam; [`kafka`] is the real sink, [`memory`] an
-//!   in-memory one for tests whose subject is not the broker.
+//! - [`sink`]: the [`Sink`] seam; [`kafka`] is the real sink (its
+//!   per-partition produce, Kafka's error codes, and the TLS bridge in
+//!   rooms of their own), [`memory`] an in-memory one for tests whose
+//!   subject is not the broker.
 //! - [`maintenance`]: lag gauges and retention, each on its own schedule.
 //! - `listener`: LISTEN for commits, to wake the publisher.
 
 mod backoff;
 pub mod kafka;
-pub mod kafka_errors;
-pub mod kafka_tls;
 mod listener;
 pub mod maintenance;
 pub mod memory;

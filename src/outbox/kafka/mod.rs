@@ -16,6 +16,10 @@
 //! that fresh metadata, and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`]
 //! while the call's budget lasts.
 
+mod errors;
+mod produce;
+pub mod tls_bridge;
+
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
@@ -29,21 +33,23 @@ use rskafka::{
     BackoffConfig,
     client::{
         Client, ClientBuilder, Credentials, SaslConfig,
-        error::{Error as ClientError, ProtocolError},
         partition::{Compression as KafkaCompression, PartitionClient, UnknownTopicHandling},
     },
     record::Record,
 };
 use tokio::sync::Mutex;
 
-pub use super::sink::OutgoingRecord;
-use super::{
-    kafka_tls::{SecurityError, TlsBridge, connect_operation, security_failure},
-    sink::{Delivery, Produced, Refusal, Sink, SinkError},
-};
+pub use crate::outbox::sink::OutgoingRecord;
+use crate::outbox::sink::{Delivery, Produced, Sink, SinkError};
 use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::{ErrorChain, metrics::ReasonLabel},
+};
+use produce::{Budget, Target, produce_partition};
+use tls_bridge::{TlsBridge, connect_operation, security_failure};
+
+pub use errors::{
+    Disposition, ERROR_CODES, ErrorCode, KafkaError, by_code, code_of, disposition, error_name,
 };
 
 /// Pause between metadata lookups while a topic just created appears.
@@ -76,157 +82,6 @@ pub const RETRY_MAX: Duration = Duration::from_millis(500);
 
 /// A retry is not started with less of the call's budget left than this.
 const RETRY_FLOOR: Duration = Duration::from_millis(250);
-
-/// Errors of the Kafka layer.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum KafkaError {
-    #[error("cannot reach Kafka at {servers}")]
-    Connect {
-        servers: String,
-        #[source]
-        source: rskafka::client::error::Error,
-    },
-    #[error("topic {0:?} does not exist (create it, or set KAFKA_CREATE_TOPIC=true)")]
-    TopicMissing(String),
-    #[error("topic {0:?} has no partitions")]
-    NoPartitions(String),
-    #[error("Kafka {operation} timed out after {timeout:?}")]
-    Timeout {
-        operation: &'static str,
-        timeout: Duration,
-    },
-    #[error("Kafka {operation} failed")]
-    Request {
-        operation: &'static str,
-        #[source]
-        source: rskafka::client::error::Error,
-    },
-    #[error("broker acknowledged {acked} of {sent} records on partition {partition}")]
-    ShortAck {
-        partition: i32,
-        sent: usize,
-        acked: usize,
-    },
-    /// TLS or SASL refused the connection (the text names the setting).
-    #[error(transparent)]
-    Security(#[from] SecurityError),
-}
-
-impl KafkaError {
-    /// The Kafka error name when the broker answered with an error code
-    /// (`MESSAGE_TOO_LARGE`, `NOT_ENOUGH_REPLICAS`, …), otherwise a
-    /// `CLIENT_…` name for what failed on this side.
-    pub fn code(&self) -> String {
-        match self {
-            KafkaError::Request { source, .. } | KafkaError::Connect { source, .. } => {
-                match server_error(source) {
-                    Some(error) => error_name(error),
-                    None if matches!(self, KafkaError::Connect { .. }) => "CLIENT_CONNECT".into(),
-                    None => "CLIENT_REQUEST".into(),
-                }
-            }
-            KafkaError::TopicMissing(_) => "UNKNOWN_TOPIC_OR_PARTITION".into(),
-            KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
-            KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
-            KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
-            KafkaError::Security(_) => "CLIENT_SECURITY".into(),
-        }
-    }
-
-    /// The broker refused the records for a reason no retry fixes: the
-    /// record itself is at fault, not the cluster's state or this client's
-    /// settings ([`super::kafka_errors`], Kafka's own classification).
-    fn refusal(&self) -> Option<ProtocolError> {
-        let KafkaError::Request { source, .. } = self else {
-            return None;
-        };
-        let error = server_error(source)?;
-        (super::kafka_errors::disposition(error) == super::kafka_errors::Disposition::Refuse)
-            .then_some(*error)
-    }
-}
-
-/// The broker's error code inside a client error, if it carries one.
-fn server_error(error: &ClientError) -> Option<&ProtocolError> {
-    match error {
-        ClientError::ServerError { protocol_error, .. } => Some(protocol_error),
-        _ => None,
-    }
-}
-
-/// The Kafka name of an error code: `MessageTooLarge` → `MESSAGE_TOO_LARGE`.
-pub fn error_name(error: &ProtocolError) -> String {
-    if let ProtocolError::Unknown(code) = error {
-        return format!("UNKNOWN_CODE_{code}");
-    }
-    let camel = format!("{error:?}");
-    let mut name = String::with_capacity(camel.len() + 8);
-    for (i, c) in camel.chars().enumerate() {
-        if i > 0 && c.is_ascii_uppercase() {
-            name.push('_');
-        }
-        name.push(c.to_ascii_uppercase());
-    }
-    name
-}
-
-/// What one partition's produce did, record by record (by index into the
-/// call's records).
-#[derive(Default)]
-struct PartitionOutcome {
-    partition: i32,
-    deliveries: Vec<(usize, Delivery)>,
-    error: Option<KafkaError>,
-    error_codes: Vec<String>,
-    /// A partition client built during the call (the leader looked up
-    /// again), to keep for the next calls.
-    replaced: Option<Arc<PartitionClient>>,
-}
-
-/// The time budget of one call. Every step of a call (waiting for the
-/// connection, connect, metadata, topic creation, leader lookups, produce)
-/// runs against the same deadline, so a call on a fresh connection takes at
-/// most one `KAFKA_REQUEST_TIMEOUT`, not one per step.
-#[derive(Debug, Clone, Copy)]
-struct Budget {
-    deadline: tokio::time::Instant,
-    timeout: Duration,
-}
-
-impl Budget {
-    fn start(timeout: Duration) -> Self {
-        Self {
-            deadline: tokio::time::Instant::now() + timeout,
-            timeout,
-        }
-    }
-
-    fn remaining(&self) -> Duration {
-        self.deadline
-            .saturating_duration_since(tokio::time::Instant::now())
-    }
-
-    fn timed_out(&self, operation: &'static str) -> KafkaError {
-        KafkaError::Timeout {
-            operation,
-            timeout: self.timeout,
-        }
-    }
-
-    /// Runs one step of the call within what is left of the budget.
-    async fn step<T>(
-        &self,
-        operation: &'static str,
-        future: impl Future<Output = Result<T, rskafka::client::error::Error>>,
-    ) -> Result<T, KafkaError> {
-        match tokio::time::timeout_at(self.deadline, future).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(source)) => Err(KafkaError::Request { operation, source }),
-            Err(_) => Err(self.timed_out(operation)),
-        }
-    }
-}
 
 struct TopicPartitions {
     partitions: Vec<Arc<PartitionClient>>,
@@ -623,205 +478,6 @@ impl KafkaSink {
     }
 }
 
-/// Where one partition's records go, and what a retry needs.
-#[derive(Clone, Copy)]
-struct Target<'a> {
-    client: &'a Client,
-    topic: &'a str,
-    partition: i32,
-    compression: KafkaCompression,
-    budget: &'a Budget,
-    sink: &'a KafkaSink,
-    /// When the last metadata refresh of this call started: partitions
-    /// that failed together share one refresh.
-    refreshed: &'a Mutex<Option<tokio::time::Instant>>,
-}
-
-/// Whether the leader is looked up again before retrying after `error`:
-/// yes, unless the broker answered as the leader and only lacks replicas
-/// or asks to slow down.
-fn leader_suspect(error: &KafkaError) -> bool {
-    let KafkaError::Request { source, .. } = error else {
-        return true;
-    };
-    !matches!(
-        server_error(source),
-        Some(
-            ProtocolError::NotEnoughReplicas
-                | ProtocolError::NotEnoughReplicasAfterAppend
-                | ProtocolError::ThrottlingQuotaExceeded
-                | ProtocolError::PolicyViolation
-        )
-    )
-}
-
-/// Refreshes `client`'s metadata cache (a full metadata request, which is
-/// what `list_topics` sends) unless a refresh started after `failed_at`:
-/// partitions of one call that failed together wait for the refresh in
-/// flight and use it.
-async fn refresh_metadata(
-    client: &Client,
-    budget: &Budget,
-    refreshed: &Mutex<Option<tokio::time::Instant>>,
-    failed_at: tokio::time::Instant,
-) -> Result<(), KafkaError> {
-    let mut last = tokio::time::timeout_at(budget.deadline, refreshed.lock())
-        .await
-        .map_err(|_| budget.timed_out("metadata"))?;
-    if last.is_some_and(|started| started > failed_at) {
-        return Ok(());
-    }
-    let started = tokio::time::Instant::now();
-    budget.step("metadata", client.list_topics()).await?;
-    *last = Some(started);
-    Ok(())
-}
-
-/// Produces one partition's records: one request, split in halves while
-/// the broker refuses a multi-record request for a reason that is about
-/// the records (see [`KafkaError::refusal`]); a single record refused so
-/// is [`Delivery::Refused`]. Any other failure is retried after a short
-/// pause ([`RETRY_MIN`] doubling to [`RETRY_MAX`]), through a partition
-/// client built afresh from freshly requested metadata (a live broker
-/// names the current leader) unless the leader itself answered (see [`leader_suspect`]), while the
-/// call's budget lasts; then the rest stay [`Delivery::Pending`]. Halves
-/// go in order, so the partition's records keep their order. A retry
-/// after a lost answer can write a record twice (same `ce_id`, same bytes).
-async fn produce_partition(
-    target: Target<'_>,
-    mut current: Arc<PartitionClient>,
-    records: Vec<(usize, Record)>,
-) -> PartitionOutcome {
-    let Target {
-        client,
-        topic,
-        partition,
-        compression,
-        budget,
-        sink,
-        refreshed,
-    } = target;
-    let mut outcome = PartitionOutcome {
-        partition,
-        ..PartitionOutcome::default()
-    };
-    let mut pause = RETRY_MIN;
-    let mut find_leader = false;
-    let mut failed_at = tokio::time::Instant::now();
-    // Chunks still to send, the next one last.
-    let mut chunks = vec![records];
-    while let Some(mut chunk) = chunks.pop() {
-        if outcome.error.is_some() {
-            outcome
-                .deliveries
-                .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
-            continue;
-        }
-        let sent = chunk.len();
-        let batch: Vec<Record> = chunk.iter().map(|(_, record)| record.clone()).collect();
-        let mut attempt = Ok(());
-        if find_leader {
-            sink.count_refresh("leader");
-            // rskafka finds a leader in its cached metadata, which it fails
-            // to drop when a broker says it no longer leads (it did so for
-            // as long as the old leader kept its port open, 1–1.5 s of a
-            // controlled shutdown): a full metadata request (what
-            // `list_topics` sends) replaces that cache first.
-            attempt = refresh_metadata(client, budget, refreshed, failed_at).await;
-            if attempt.is_ok() {
-                attempt = budget
-                    .step(
-                        "leader lookup",
-                        client.partition_client(topic, partition, UnknownTopicHandling::Retry),
-                    )
-                    .await
-                    .map(|fresh| {
-                        current = Arc::new(fresh);
-                        outcome.replaced = Some(Arc::clone(&current));
-                        find_leader = false;
-                    });
-            }
-        }
-        let result = match attempt {
-            Ok(()) => {
-                budget
-                    .step("produce", current.produce(batch, compression))
-                    .await
-            }
-            Err(error) => Err(error),
-        };
-        let error = match result {
-            Ok(offsets) if offsets.len() == sent => {
-                outcome
-                    .deliveries
-                    .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Acked)));
-                continue;
-            }
-            Ok(offsets) => KafkaError::ShortAck {
-                partition,
-                sent,
-                acked: offsets.len(),
-            },
-            Err(error) => error,
-        };
-        let code = error.code();
-        outcome.error_codes.push(code.clone());
-        match error.refusal() {
-            Some(_) if sent > 1 => {
-                tracing::info!(
-                    topic,
-                    partition,
-                    records = sent,
-                    code,
-                    "produce request refused; splitting it"
-                );
-                let second = chunk.split_off(sent / 2);
-                chunks.push(second);
-                chunks.push(chunk);
-            }
-            Some(_) => {
-                let (index, record) = &chunk[0];
-                let bytes = record.approximate_size();
-                let refusal = Refusal {
-                    code,
-                    message: format!(
-                        "the broker refused this record ({bytes} bytes) on its own, on partition {partition} of topic {topic}"
-                    ),
-                };
-                tracing::warn!(topic, partition, bytes, reason = %refusal, "record refused by the broker");
-                outcome
-                    .deliveries
-                    .push((*index, Delivery::Refused(refusal)));
-            }
-            None if !matches!(error, KafkaError::Timeout { .. })
-                && budget.remaining() > pause + RETRY_FLOOR =>
-            {
-                find_leader = leader_suspect(&error);
-                tracing::info!(
-                    topic,
-                    partition,
-                    code,
-                    error = %ErrorChain(&error),
-                    retry_in_ms = pause.as_millis() as u64,
-                    find_leader,
-                    "produce failed; retrying"
-                );
-                failed_at = tokio::time::Instant::now();
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
-                chunks.push(chunk);
-            }
-            None => {
-                outcome
-                    .deliveries
-                    .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
-                outcome.error = Some(error);
-            }
-        }
-    }
-    outcome
-}
-
 impl Sink for KafkaSink {
     async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Produced {
         KafkaSink::produce(self, topic, records).await
@@ -838,106 +494,5 @@ impl Sink for KafkaSink {
             ..Self::new(self.settings.clone())
         }
         .with_metadata_refreshes(self.metadata_refreshes.clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use rskafka::client::error::RequestContext;
-
-    use super::*;
-
-    fn server(protocol_error: ProtocolError) -> KafkaError {
-        KafkaError::Request {
-            operation: "produce",
-            source: ClientError::ServerError {
-                protocol_error,
-                error_message: None,
-                request: RequestContext::Partition("t".into(), 0),
-                response: None,
-                is_virtual: false,
-            },
-        }
-    }
-
-    #[test]
-    fn error_codes_carry_kafka_names() {
-        assert_eq!(
-            server(ProtocolError::MessageTooLarge).code(),
-            "MESSAGE_TOO_LARGE"
-        );
-        assert_eq!(
-            server(ProtocolError::NotEnoughReplicas).code(),
-            "NOT_ENOUGH_REPLICAS"
-        );
-        assert_eq!(
-            server(ProtocolError::NotLeaderOrFollower).code(),
-            "NOT_LEADER_OR_FOLLOWER"
-        );
-        assert_eq!(
-            server(ProtocolError::Unknown(999)).code(),
-            "UNKNOWN_CODE_999"
-        );
-        let timeout = KafkaError::Timeout {
-            operation: "produce",
-            timeout: Duration::from_secs(1),
-        };
-        assert_eq!(timeout.code(), "CLIENT_TIMEOUT");
-    }
-
-    #[test]
-    fn the_leader_is_looked_up_again_unless_it_answered_as_leader() {
-        for suspect in [
-            ProtocolError::NotLeaderOrFollower,
-            ProtocolError::LeaderNotAvailable,
-            ProtocolError::UnknownTopicOrPartition,
-            ProtocolError::RequestTimedOut,
-        ] {
-            assert!(leader_suspect(&server(suspect)), "{suspect:?}");
-        }
-        for leader_fine in [
-            ProtocolError::NotEnoughReplicas,
-            ProtocolError::NotEnoughReplicasAfterAppend,
-            ProtocolError::ThrottlingQuotaExceeded,
-        ] {
-            assert!(!leader_suspect(&server(leader_fine)), "{leader_fine:?}");
-        }
-        let timeout = KafkaError::Timeout {
-            operation: "produce",
-            timeout: Duration::from_secs(1),
-        };
-        assert!(leader_suspect(&timeout));
-    }
-
-    #[test]
-    fn only_errors_about_the_records_are_refusals() {
-        for permanent in [
-            ProtocolError::MessageTooLarge,
-            ProtocolError::RecordListTooLarge,
-            ProtocolError::InvalidRecord,
-            ProtocolError::InvalidTimestamp,
-        ] {
-            assert_eq!(server(permanent).refusal(), Some(permanent));
-        }
-        for retriable in [
-            ProtocolError::NotLeaderOrFollower,
-            ProtocolError::LeaderNotAvailable,
-            ProtocolError::NotEnoughReplicas,
-            ProtocolError::NotEnoughReplicasAfterAppend,
-            ProtocolError::RequestTimedOut,
-            ProtocolError::ThrottlingQuotaExceeded,
-            ProtocolError::NetworkException,
-            ProtocolError::UnknownTopicOrPartition,
-            ProtocolError::TopicAuthorizationFailed,
-            // Kafka retries a CRC mismatch (issue 25: it parked rows).
-            ProtocolError::CorruptMessage,
-        ] {
-            assert_eq!(server(retriable).refusal(), None, "{retriable:?}");
-        }
-        let timeout = KafkaError::Timeout {
-            operation: "produce",
-            timeout: Duration::from_secs(1),
-        };
-        assert_eq!(timeout.refusal(), None);
     }
 }
