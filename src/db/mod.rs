@@ -9,6 +9,7 @@
 //! could be run on another server connection than the one that prepared it.
 
 pub mod bookings;
+mod connect;
 pub mod migrate;
 pub mod outbox;
 mod pool;

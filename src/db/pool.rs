@@ -67,7 +67,7 @@ async fn establish_with(
     pooler: Pooler,
     setup_sql: &str,
 ) -> Result<AsyncPgConnection, ConnectionError> {
-    let mut conn = super::tls::connect(url, pooler).await?;
+    let mut conn = super::connect::connect(url, pooler).await?;
     if !setup_sql.is_empty() {
         conn.batch_execute(setup_sql)
             .await

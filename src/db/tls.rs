@@ -1,21 +1,14 @@
 //! TLS to PostgreSQL without C: the rustls client configuration for the
 //! libpq modes of `DATABASE_URL` ([`PgTls`]) on the pure-Rust graviola
-//! provider, the certificate checks each mode makes, and connecting with
-//! libpq's fallbacks (`allow`, `prefer`).
+//! provider, the certificate checks each mode makes, and their check at
+//! start. Connecting with them is [`super::connect`].
 //!
 //! The configuration is built again for every new connection, reading the
 //! certificate and key files each time, so a rotated certificate (say,
 //! cert-manager rewriting a mounted secret) is used without a restart.
 
-use std::{
-    error::Error as _,
-    path::Path,
-    sync::{Arc, Once},
-};
+use std::{path::Path, sync::Arc};
 
-use diesel::ConnectionError;
-use diesel::connection::CacheSize;
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use rustls::{
     ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
     client::{
@@ -27,12 +20,10 @@ use rustls::{
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     server::ParsedCertificate,
 };
-use tokio_postgres::config::SslMode as WireSslMode;
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::config::{
-    ConfigError, DatabaseUrl, Pooler,
-    pg_tls::{PgTls, RootCerts, SslMode, Verify},
+    ConfigError, DatabaseUrl,
+    pg_tls::{PgTls, RootCerts, Verify},
 };
 
 pub use crate::tls::{TlsFileError, cpu_supported};
@@ -281,242 +272,6 @@ impl ServerCertVerifier for ChainOnly {
     }
 
     handshake_signatures!();
-}
-
-/// Why one connection attempt failed.
-enum Failure {
-    /// A certificate or key file (read again for this connection).
-    File(TlsFileError),
-    /// Connecting, the TLS handshake, or the server's refusal.
-    Postgres(tokio_postgres::Error),
-    /// diesel-async's set-up of the connected client.
-    Setup(ConnectionError),
-}
-
-impl Failure {
-    /// libpq retries in the other mode after a failed TLS handshake or an
-    /// error from the server; not after a refused TCP connection.
-    fn retry_other_mode(&self) -> bool {
-        match self {
-            Failure::Postgres(error) => {
-                error.as_db_error().is_some() || rustls_error(error).is_some()
-            }
-            Failure::File(_) | Failure::Setup(_) => false,
-        }
-    }
-
-    fn describe(&self, tls: &PgTls) -> String {
-        match self {
-            Failure::File(error) => error.to_string(),
-            Failure::Setup(error) => error.to_string(),
-            Failure::Postgres(error) => {
-                if let Some(db) = error.as_db_error() {
-                    // As diesel-async reports it: the server's own words,
-                    // with the settings that answer a demand for a client
-                    // certificate.
-                    let message = db.message();
-                    if message.contains("client certificate") && tls.client.is_none() {
-                        format!("{message} (sslcert and sslkey are not set)")
-                    } else {
-                        message.to_owned()
-                    }
-                } else if let Some(tls_error) = rustls_error(error) {
-                    format!("TLS (sslmode={}): {}", tls.mode, explain(tls_error, tls))
-                } else {
-                    // "error connecting to server" alone says nothing: add
-                    // why (refused, timed out, or with several hosts and
-                    // target_session_attrs=read-write, the last host's
-                    // "database does not allow writes").
-                    match error.source() {
-                        Some(cause) => format!("{error}: {cause}"),
-                        None => error.to_string(),
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The rustls error inside a tokio-postgres error, if any. tokio-rustls
-/// wraps it in an `io::Error`, whose `source()` skips the wrapped error
-/// itself, hence `get_ref`.
-fn rustls_error(error: &tokio_postgres::Error) -> Option<&rustls::Error> {
-    let mut next: Option<&(dyn std::error::Error + 'static)> = error.source();
-    while let Some(current) = next {
-        if let Some(found) = current.downcast_ref::<rustls::Error>() {
-            return Some(found);
-        }
-        if let Some(found) = current
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        {
-            return Some(found);
-        }
-        next = current.source();
-    }
-    None
-}
-
-/// A TLS failure in the words of the settings that fix it.
-fn explain(error: &rustls::Error, tls: &PgTls) -> String {
-    use rustls::{AlertDescription as Alert, CertificateError as Cert, Error as E};
-    let roots = match &tls.root {
-        RootCerts::File(path) => format!("sslrootcert {}", path.display()),
-        RootCerts::System => "the bundled webpki roots (sslrootcert=system)".to_owned(),
-        RootCerts::Unset => "the bundled webpki roots (no sslrootcert given)".to_owned(),
-    };
-    let why = match error {
-        E::InvalidCertificate(Cert::UnknownIssuer) => {
-            format!("the server's certificate is not signed by a CA in {roots}")
-        }
-        E::InvalidCertificate(Cert::NotValidForName | Cert::NotValidForNameContext { .. }) => {
-            "the server's certificate is not valid for the host name in DATABASE_URL \
-             (verify-full checks it; verify-ca does not)"
-                .to_owned()
-        }
-        E::InvalidCertificate(Cert::Expired | Cert::ExpiredContext { .. }) => {
-            "the server's certificate has expired".to_owned()
-        }
-        E::InvalidCertificate(Cert::NotValidYet | Cert::NotValidYetContext { .. }) => {
-            "the server's certificate is not valid yet".to_owned()
-        }
-        E::AlertReceived(Alert::CertificateRequired) => {
-            "the server requires a client certificate (sslcert and sslkey)".to_owned()
-        }
-        E::AlertReceived(Alert::UnknownCA | Alert::BadCertificate | Alert::CertificateUnknown)
-            if tls.client.is_some() =>
-        {
-            "the server refused the client certificate (sslcert)".to_owned()
-        }
-        _ => return error.to_string(),
-    };
-    format!("{why} ({error})")
-}
-
-/// Opens one connection as `DATABASE_URL` says, with libpq's semantics:
-/// with several hosts, each is tried in turn (its own name checked under
-/// `verify-full`) until one accepts and, with
-/// `target_session_attrs=read-write`, is writable.
-pub async fn connect(
-    url: &DatabaseUrl,
-    pooler: Pooler,
-) -> Result<AsyncPgConnection, ConnectionError> {
-    let tls = url.tls();
-    let config = url.config();
-    let tls_usable = cpu_supported();
-    if !tls_usable && matches!(tls.mode, SslMode::Allow | SslMode::Prefer) {
-        static WARNED: Once = Once::new();
-        WARNED.call_once(|| {
-            tracing::warn!(sslmode = %tls.mode, "this CPU cannot run the TLS library (graviola needs x86_64 with AVX2/ADX/BMI2, or aarch64); connecting to PostgreSQL without TLS");
-        });
-    }
-    let result = match tls.mode {
-        SslMode::Disable => plain(config, pooler).await,
-        SslMode::Allow => match plain(config, pooler).await {
-            Err(first) if tls_usable && first.retry_other_mode() => {
-                encrypted(config, tls, WireSslMode::Require, pooler)
-                    .await
-                    .map_err(|second| Failure::Setup(both(tls, &first, &second, "with TLS")))
-            }
-            other => other,
-        },
-        SslMode::Prefer if !tls_usable => plain(config, pooler).await,
-        SslMode::Prefer => match encrypted(config, tls, WireSslMode::Prefer, pooler).await {
-            Err(first) if first.retry_other_mode() => plain(config, pooler)
-                .await
-                .map_err(|second| Failure::Setup(both(tls, &first, &second, "without TLS"))),
-            other => other,
-        },
-        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
-            encrypted(config, tls, WireSslMode::Require, pooler).await
-        }
-    };
-    result.map_err(|failure| match failure {
-        Failure::Setup(error) => error,
-        other => ConnectionError::BadConnection(other.describe(tls)),
-    })
-}
-
-/// Both attempts of a libpq fallback, in one line.
-fn both(tls: &PgTls, first: &Failure, second: &Failure, again: &str) -> ConnectionError {
-    ConnectionError::BadConnection(format!(
-        "{}; tried again {again}: {}",
-        first.describe(tls),
-        second.describe(tls)
-    ))
-}
-
-async fn plain(
-    config: &tokio_postgres::Config,
-    pooler: Pooler,
-) -> Result<AsyncPgConnection, Failure> {
-    let mut config = config.clone();
-    config.ssl_mode(WireSslMode::Disable);
-    let (client, connection) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(Failure::Postgres)?;
-    into_diesel(client, connection, pooler).await
-}
-
-async fn encrypted(
-    config: &tokio_postgres::Config,
-    tls: &PgTls,
-    mode: WireSslMode,
-    pooler: Pooler,
-) -> Result<AsyncPgConnection, Failure> {
-    let client_config = client_config(tls).map_err(Failure::File)?;
-    let mut config = config.clone();
-    config.ssl_mode(mode);
-    let (client, connection) = config
-        .connect(MakeRustlsConnect::new(client_config))
-        .await
-        .map_err(Failure::Postgres)?;
-    into_diesel(client, connection, pooler).await
-}
-
-/// Hands a connected client to diesel-async.
-///
-/// Through a transaction pooler, diesel-async's own set-up (two `SET`s,
-/// each prepared under a name and cached) runs inside a transaction that
-/// this function opens, and the statement cache is turned off before the
-/// commit, which closes those statements on the server connection that
-/// prepared them: no name outlives its transaction there. The connection
-/// task is then driven here (the set-up must follow the `BEGIN`), so
-/// diesel-async does not see the connection's own error or notifications:
-/// a broken connection reports "connection closed", and LISTEN uses a
-/// session connection anyway.
-async fn into_diesel<S>(
-    client: tokio_postgres::Client,
-    connection: tokio_postgres::Connection<tokio_postgres::Socket, S>,
-    pooler: Pooler,
-) -> Result<AsyncPgConnection, Failure>
-where
-    S: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
-{
-    if pooler == Pooler::None {
-        return AsyncPgConnection::try_from_client_and_connection(client, connection)
-            .await
-            .map_err(Failure::Setup);
-    }
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "PostgreSQL connection ended");
-        }
-    });
-    client
-        .batch_execute("BEGIN")
-        .await
-        .map_err(Failure::Postgres)?;
-    let mut conn = AsyncPgConnection::try_from(client)
-        .await
-        .map_err(Failure::Setup)?;
-    conn.set_prepared_statement_cache_size(CacheSize::Disabled);
-    conn.batch_execute("COMMIT")
-        .await
-        .map_err(|e| Failure::Setup(ConnectionError::CouldntSetupConfiguration(e)))?;
-    Ok(conn)
 }
 
 #[cfg(test)]
