@@ -1,23 +1,34 @@
-//! Exponential backoff with full jitter for the publisher's retries.
+//! Exponential backoff with jitter, shared by every retry loop: the
+//! publisher's, the commit listener's, the wait for the database at start
+//! and the Kafka sink's per-partition retries.
 
 use std::time::Duration;
 
 /// Doubles from `initial` up to `max`; each wait is drawn uniformly from
-/// half to all of the current step so several publishers do not retry in
-/// lockstep.
+/// half to all of the current step so several instances do not retry in
+/// lockstep. The random numbers come from an [`fastrand::Rng`] the caller
+/// may give ([`Backoff::with_rng`], a seeded one in tests).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     initial: Duration,
     max: Duration,
     current: Duration,
+    rng: fastrand::Rng,
 }
 
 impl Backoff {
+    /// A backoff drawing from a randomly seeded generator.
     pub fn new(initial: Duration, max: Duration) -> Self {
+        Self::with_rng(initial, max, fastrand::Rng::new())
+    }
+
+    /// A backoff drawing from `rng`.
+    pub fn with_rng(initial: Duration, max: Duration, rng: fastrand::Rng) -> Self {
         Self {
             initial,
             max,
             current: initial,
+            rng,
         }
     }
 
@@ -26,7 +37,7 @@ impl Backoff {
         let step = self.current;
         self.current = (self.current * 2).min(self.max);
         let half = step / 2;
-        half + half.mul_f64(fastrand::f64())
+        half + half.mul_f64(self.rng.f64())
     }
 
     pub fn reset(&mut self) {
@@ -47,5 +58,25 @@ mod tests {
         assert!(delays[7] >= Duration::from_millis(500));
         backoff.reset();
         assert!(backoff.next_delay() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn the_same_seed_draws_the_same_waits_and_another_seed_others() {
+        let waits = |seed: u64| {
+            let rng = fastrand::Rng::with_seed(seed);
+            let mut backoff =
+                Backoff::with_rng(Duration::from_millis(20), Duration::from_millis(500), rng);
+            (0..10).map(|_| backoff.next_delay()).collect::<Vec<_>>()
+        };
+        assert_eq!(waits(7), waits(7));
+        assert_ne!(waits(7), waits(8));
+        for (i, wait) in waits(7).into_iter().enumerate() {
+            let step =
+                (Duration::from_millis(20) * 2u32.pow(i as u32)).min(Duration::from_millis(500));
+            assert!(
+                wait >= step / 2 && wait <= step,
+                "wait {i}: {wait:?} of step {step:?}"
+            );
+        }
     }
 }

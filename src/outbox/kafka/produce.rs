@@ -19,7 +19,10 @@ use super::{
     errors::{KafkaError, server_error},
 };
 use crate::{
-    outbox::sink::{Delivery, Refusal},
+    outbox::{
+        Backoff,
+        sink::{Delivery, Refusal},
+    },
     telemetry::ErrorChain,
 };
 
@@ -138,7 +141,8 @@ pub(super) async fn refresh_metadata(
 /// the broker refuses a multi-record request for a reason that is about
 /// the records (see [`KafkaError::refusal`]); a single record refused so
 /// is [`Delivery::Refused`]. Any other failure is retried after a short
-/// pause ([`RETRY_MIN`] doubling to [`RETRY_MAX`]), through a partition
+/// pause (the shared [`Backoff`], [`RETRY_MIN`] doubling to [`RETRY_MAX`],
+/// jittered), through a partition
 /// client built afresh from freshly requested metadata (a live broker
 /// names the current leader) unless the leader itself answered (see [`leader_suspect`]), while the
 /// call's budget lasts; then the rest stay [`Delivery::Pending`]. Halves
@@ -162,7 +166,8 @@ pub(super) async fn produce_partition(
         partition,
         ..PartitionOutcome::default()
     };
-    let mut pause = RETRY_MIN;
+    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
+    let mut pause = backoff.next_delay();
     let mut find_leader = false;
     let mut failed_at = tokio::time::Instant::now();
     // Chunks still to send, the next one last.
@@ -265,7 +270,7 @@ pub(super) async fn produce_partition(
                 );
                 failed_at = tokio::time::Instant::now();
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(RETRY_MAX);
+                pause = backoff.next_delay();
                 chunks.push(chunk);
             }
             None => {
