@@ -324,15 +324,8 @@ mod tests {
 
     fn kafka(request_timeout: Duration) -> KafkaSettings {
         KafkaSettings {
-            bootstrap_servers: vec!["h:9092".into()],
-            client_id: defaults::KAFKA_CLIENT_ID.into(),
             request_timeout,
-            create_topic: false,
-            topic_partitions: defaults::KAFKA_TOPIC_PARTITIONS,
-            replication_factor: defaults::KAFKA_REPLICATION_FACTOR,
-            compression: defaults::KAFKA_COMPRESSION,
-            sasl: None,
-            tls: None,
+            ..KafkaSettings::new(vec!["h:9092".into()])
         }
     }
 

@@ -73,6 +73,22 @@ pub struct KafkaSettings {
 }
 
 impl KafkaSettings {
+    /// Settings for `bootstrap_servers` alone: `PLAINTEXT`, no topic
+    /// creation, the defaults of every other setting.
+    pub fn new(bootstrap_servers: Vec<String>) -> Self {
+        Self {
+            bootstrap_servers,
+            client_id: defaults::KAFKA_CLIENT_ID.to_owned(),
+            request_timeout: defaults::KAFKA_REQUEST_TIMEOUT,
+            create_topic: false,
+            topic_partitions: defaults::KAFKA_TOPIC_PARTITIONS,
+            replication_factor: defaults::KAFKA_REPLICATION_FACTOR,
+            compression: defaults::KAFKA_COMPRESSION,
+            sasl: None,
+            tls: None,
+        }
+    }
+
     /// The `KAFKA_SECURITY_PROTOCOL` these settings amount to.
     pub fn security_protocol(&self) -> SecurityProtocol {
         match (self.tls.is_some(), self.sasl.is_some()) {

@@ -64,19 +64,15 @@ impl Drop for Broker {
 
 fn settings(listener: String, tls: Option<KafkaTls>, sasl: bool) -> KafkaSettings {
     KafkaSettings {
-        bootstrap_servers: vec![listener],
         client_id: "booking-expiration-bench".into(),
         request_timeout: std::time::Duration::from_secs(30),
-        create_topic: false,
-        topic_partitions: 3,
-        replication_factor: 1,
-        compression: booking_expiration::config::Compression::None,
         sasl: sasl.then(|| SaslSettings {
             mechanism: SaslMechanism::ScramSha512,
             username: USER.into(),
             password: PASSWORD.into(),
         }),
         tls,
+        ..KafkaSettings::new(vec![listener])
     }
 }
 

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration, time::Instant};
 use anyhow::{Result, ensure};
 use booking_expiration::{
     clock::SystemClock,
-    config::{Compression, KafkaSettings, PublisherSettings},
+    config::{KafkaSettings, PublisherSettings},
     db::{self, outbox},
     outbox::{KafkaSink, Publisher, kafka::OutgoingRecord},
     telemetry::{Health, Metrics},
@@ -162,15 +162,9 @@ pub async fn measure(svc: &Services, backlog: &DueSet<'_>, quick: bool) -> Resul
 
 fn kafka_settings(svc: &Services) -> KafkaSettings {
     KafkaSettings {
-        bootstrap_servers: vec![svc.kafka_bootstrap.clone()],
         client_id: "booking-expiration-bench".into(),
         request_timeout: Duration::from_secs(30),
-        create_topic: false,
-        topic_partitions: 3,
-        replication_factor: 1,
-        compression: Compression::None,
-        sasl: None,
-        tls: None,
+        ..KafkaSettings::new(vec![svc.kafka_bootstrap.clone()])
     }
 }
 

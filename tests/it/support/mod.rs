@@ -20,9 +20,7 @@ use std::{
 
 use booking_expiration::{
     clock::ManualClock,
-    config::{
-        Compression, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings, KafkaSettings,
-    },
+    config::{DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings, KafkaSettings},
 };
 use chrono::{DateTime, TimeZone, Utc};
 
@@ -131,15 +129,8 @@ pub fn events_on(topic: &str) -> EventSettings {
 
 pub fn kafka_settings(bootstrap: Vec<String>) -> KafkaSettings {
     KafkaSettings {
-        bootstrap_servers: bootstrap,
         client_id: "booking-expiration-test".into(),
-        request_timeout: Duration::from_secs(10),
-        create_topic: false,
-        topic_partitions: 3,
-        replication_factor: 1,
-        compression: Compression::None,
-        sasl: None,
-        tls: None,
+        ..KafkaSettings::new(bootstrap)
     }
 }
 
