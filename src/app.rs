@@ -166,7 +166,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let pool = db::build_pool(&db_settings);
     let listener = http::bind(metrics_addr).await?;
     tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), pooler = %db_settings.pooler, "starting");
-    if db_settings.pooler == crate::config::Pooler::Transaction {
+    if !db_settings.pooler.keeps_sessions() {
         tracing::info!(
             "DATABASE_POOLER=transaction: no prepared statement outlives its transaction and no \
              session setting is sent; statement_timeout, lock_timeout and \

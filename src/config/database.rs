@@ -139,6 +139,27 @@ pub enum Pooler {
     Transaction,
 }
 
+impl Pooler {
+    /// Whether a connection is one server session for as long as it is
+    /// open. The pooler rules all follow from this one answer, and every
+    /// place that applies them asks it:
+    ///
+    /// - without sessions, no session `SET` is sent (the limits belong on
+    ///   the role: `db::pool`);
+    /// - named prepared statements must not outlive their transaction, so
+    ///   diesel-async's statement cache is off and its set-up runs inside a
+    ///   transaction (`db::connect`);
+    /// - LISTEN (the commit wake-up) and `migrate`'s advisory lock need a
+    ///   session: `DATABASE_DIRECT_URL`, or none ([`DatabaseSettings::session`]);
+    /// - `run` says so at start (`app`).
+    pub fn keeps_sessions(self) -> bool {
+        match self {
+            Pooler::None => true,
+            Pooler::Transaction => false,
+        }
+    }
+}
+
 impl fmt::Display for Pooler {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -184,8 +205,8 @@ impl DatabaseSettings {
     pub fn session(&self) -> Option<DatabaseSettings> {
         let (url, is_direct) = match (&self.direct_url, self.pooler) {
             (Some(direct), _) => (direct.clone(), true),
-            (None, Pooler::None) => (self.url.clone(), self.is_direct),
-            (None, Pooler::Transaction) => return None,
+            (None, pooler) if pooler.keeps_sessions() => (self.url.clone(), self.is_direct),
+            (None, _) => return None,
         };
         Some(DatabaseSettings {
             url,

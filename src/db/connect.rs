@@ -230,7 +230,7 @@ async fn into_diesel<S>(
 where
     S: tokio_postgres::tls::TlsStream + Unpin + Send + 'static,
 {
-    if pooler == Pooler::None {
+    if pooler.keeps_sessions() {
         return AsyncPgConnection::try_from_client_and_connection(client, connection)
             .await
             .map_err(Failure::Setup);

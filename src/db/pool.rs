@@ -23,7 +23,7 @@ pub type PooledConnection<'a> =
 /// next one: there the limits belong on the role (docs/configuration.md,
 /// "Behind a connection pooler").
 fn session_setup_sql(settings: &DatabaseSettings) -> String {
-    if settings.pooler == Pooler::Transaction {
+    if !settings.pooler.keeps_sessions() {
         return String::new();
     }
     let millis = |limit: Duration| limit.as_millis().max(1);
