@@ -27,7 +27,7 @@ pub mod parse;
 pub mod pg_tls;
 pub mod pg_url;
 mod publisher;
-pub mod secret;
+pub(crate) mod secret;
 mod seed;
 
 use std::time::Duration;

@@ -5,8 +5,8 @@
 //! cycles refused for an interval or two ([`refused::RefusedRows`]).
 
 mod cycle;
-pub mod refused;
+pub(crate) mod refused;
 pub mod scheduler;
-pub mod wake;
+pub(crate) mod wake;
 
 pub use cycle::{CycleError, CycleOutcome, CycleReport, ExpiryWorker};

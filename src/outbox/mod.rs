@@ -13,9 +13,9 @@
 mod backoff;
 pub mod kafka;
 mod listener;
-pub mod maintenance;
-pub mod memory;
-pub mod publisher;
+pub(crate) mod maintenance;
+pub(crate) mod memory;
+pub(crate) mod publisher;
 pub mod sink;
 
 pub use backoff::Backoff;

@@ -1,9 +1,9 @@
 //! Logs, metrics, health state and the HTTP endpoints that expose them.
 
-pub mod health;
-pub mod http;
+pub(crate) mod health;
+pub(crate) mod http;
 pub mod logging;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod trace;
 
 pub use health::Health;
