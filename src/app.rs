@@ -19,6 +19,7 @@ use crate::{
         ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
         ShutdownSettings,
     },
+    context::TaskContext,
     db::{self, DbError, privileges::Use},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
     outbox::{self, KafkaSink, LagStats, Publisher, RetentionSweep},
@@ -112,14 +113,8 @@ pub async fn once(
 ) -> Result<CycleReport, AppError> {
     let pool = db::connect_pool(database).await?;
     db::privileges::check_pooled(&pool, &[Use::Expire]).await?;
-    let worker = ExpiryWorker::new(
-        pool,
-        Arc::new(SystemClock),
-        expiry,
-        events,
-        shutdown_settings,
-        Arc::new(Metrics::new()),
-    );
+    let context = TaskContext::new(pool, Arc::new(SystemClock));
+    let worker = ExpiryWorker::new(&context, expiry, events, shutdown_settings);
     Ok(worker.run_cycle(&shutdown).await?.report)
 }
 
@@ -161,9 +156,13 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     let metrics_addr = http_settings.metrics_addr;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::new(clock.now(), roles.worker, roles.publisher));
-    let pool = db::build_pool(&db_settings);
+    let context = TaskContext {
+        pool: db::build_pool(&db_settings),
+        health: Arc::new(Health::new(clock.now(), roles.worker, roles.publisher)),
+        metrics: Arc::new(Metrics::new()),
+        clock,
+    };
+    let pool = &context.pool;
     let listener = http::bind(metrics_addr).await?;
     tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), pooler = %db_settings.pooler, "starting");
     if !db_settings.pooler.keeps_sessions() {
@@ -177,9 +176,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     tasks.spawn(http::serve(
         listener,
         http::HttpState {
-            clock: Arc::clone(&clock),
-            metrics: Arc::clone(&metrics),
-            health: Arc::clone(&health),
+            clock: Arc::clone(&context.clock),
+            metrics: Arc::clone(&context.metrics),
+            health: Arc::clone(&context.health),
             database: {
                 let pool = pool.clone();
                 Arc::new(move || {
@@ -203,32 +202,21 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         .into_iter()
         .filter_map(|(on, used)| on.then_some(used))
         .collect();
-        db::privileges::check_pooled(&pool, &uses).await?;
+        db::privileges::check_pooled(pool, &uses).await?;
     }
     if roles.worker && !shutdown.is_cancelled() {
         let worker = Arc::new(ExpiryWorker::new(
-            pool.clone(),
-            Arc::clone(&clock),
+            &context,
             expiry_settings,
             events.clone(),
             shutdown_settings,
-            Arc::clone(&metrics),
         ));
-        tasks.spawn(scheduler::run(
-            worker,
-            Arc::clone(&clock),
-            Arc::clone(&metrics),
-            Arc::clone(&health),
-            shutdown.clone(),
-        ));
+        tasks.spawn(scheduler::run(worker, context.clone(), shutdown.clone()));
     }
     if !shutdown.is_cancelled() {
         // The outbox lag gauges on every instance, publisher or not: an
         // instance that only expires still shows how far publishing lags.
-        tasks.spawn(
-            LagStats::new(pool.clone(), Arc::clone(&clock), Arc::clone(&metrics))
-                .run(shutdown.clone()),
-        );
+        tasks.spawn(LagStats::new(&context).run(shutdown.clone()));
     }
     if let Some(kafka_settings) = kafka_settings
         && !shutdown.is_cancelled()
@@ -254,13 +242,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         }
         let retention = publisher_settings.retention;
         let publisher = Publisher::new(
-            pool.clone(),
+            &context,
             KafkaSink::new(kafka_settings)
-                .with_metadata_refreshes(metrics.kafka_metadata_refreshes.clone()),
-            Arc::clone(&clock),
+                .with_metadata_refreshes(context.metrics.kafka_metadata_refreshes.clone()),
             publisher_settings,
-            Arc::clone(&metrics),
-            Arc::clone(&health),
             events.topic.clone(),
         );
         // Three tasks, each with its own schedule: publishing (wake-up,
@@ -270,15 +255,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         let stop = shutdown.clone();
         tasks.spawn(async move { publisher.run_broker_check(stop).await });
         if !retention.is_zero() {
-            tasks.spawn(
-                RetentionSweep::new(
-                    pool.clone(),
-                    Arc::clone(&clock),
-                    retention,
-                    Arc::clone(&metrics),
-                )
-                .run(shutdown.clone()),
-            );
+            tasks.spawn(RetentionSweep::new(&context, retention).run(shutdown.clone()));
         }
     }
 

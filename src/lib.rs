@@ -20,7 +20,9 @@
 //! - [`tls`]: what TLS to PostgreSQL and to Kafka share: the pure-Rust
 //!   crypto provider, the bundled roots, PEM files.
 //! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.
-//! - [`config`]: typed, validated settings; [`clock`]: the time seam.
+//! - [`config`]: typed, validated settings; [`clock`]: the time seam;
+//!   [`context`]: what every long-running task shares (pool, clock,
+//!   metrics, health).
 //! - [`app`]: wiring of the commands used by the binary.
 //!
 //! # Layers
@@ -32,10 +34,11 @@
 //!
 //! 1. [`app`]
 //! 2. [`expiry`], [`outbox`]
-//! 3. [`db`], [`telemetry`]
-//! 4. [`events`]
-//! 5. [`domain`]
-//! 6. [`config`], [`clock`], [`tls`]
+//! 3. [`context`]
+//! 4. [`db`], [`telemetry`]
+//! 5. [`events`]
+//! 6. [`domain`]
+//! 7. [`config`], [`clock`], [`tls`]
 
 // The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
 // and every public type debuggable. clippy.toml keeps the wall clock behind
@@ -46,6 +49,7 @@
 pub mod app;
 pub mod clock;
 pub mod config;
+pub mod context;
 pub mod db;
 pub mod domain;
 pub mod events;

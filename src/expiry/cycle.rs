@@ -18,6 +18,7 @@ use super::{refused::RefusedRows, wake::WakePolicy};
 use crate::{
     clock::Clock,
     config::{EventSettings, ExpirySettings, ShutdownSettings},
+    context::TaskContext,
     db::{
         DbError, PgPool,
         bookings::{self, ExpiryWrite},
@@ -130,21 +131,20 @@ impl std::fmt::Debug for ExpiryWorker {
 }
 
 impl ExpiryWorker {
+    /// A worker on `context`'s pool, clock and metrics.
     pub fn new(
-        pool: PgPool,
-        clock: Arc<dyn Clock>,
+        context: &TaskContext,
         settings: ExpirySettings,
         events: EventSettings,
         shutdown: ShutdownSettings,
-        metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            pool,
-            clock,
+            pool: context.pool.clone(),
+            clock: Arc::clone(&context.clock),
             settings,
             events,
             shutdown_grace: shutdown.grace,
-            metrics,
+            metrics: Arc::clone(&context.metrics),
             subscribers: Vec::new(),
         }
     }

@@ -20,24 +20,20 @@ use super::{
     refused::RefusedRows,
     wake::{WakeInputs, WakeReason, backlog_left, next_wake},
 };
-use crate::{
-    clock::Clock,
-    domain::Phase,
-    telemetry::{ErrorChain, Health, Metrics},
-};
+use crate::{context::TaskContext, domain::Phase, telemetry::ErrorChain};
 
 /// The backlog gauge costs a count per phase: with deadline wake-ups cycles
 /// can come every `EXPIRATION_MIN_GAP`, so it is measured at most this often.
 const BACKLOG_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Runs cycles until `shutdown`; returns once the current cycle ended.
-pub async fn run(
-    worker: Arc<ExpiryWorker>,
-    clock: Arc<dyn Clock>,
-    metrics: Arc<Metrics>,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-) {
+pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: CancellationToken) {
+    let TaskContext {
+        clock,
+        metrics,
+        health,
+        ..
+    } = context;
     let policy = worker.wake_policy();
     let mut next_tick = Instant::now();
     let mut last_end: Option<Instant> = None;

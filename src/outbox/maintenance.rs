@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     clock::Clock,
+    context::TaskContext,
     db::{DbError, PgPool, outbox},
     telemetry::{ErrorChain, Metrics},
 };
@@ -56,11 +57,11 @@ impl std::fmt::Debug for LagStats {
 }
 
 impl LagStats {
-    pub fn new(pool: PgPool, clock: Arc<dyn Clock>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(context: &TaskContext) -> Self {
         Self {
-            pool,
-            clock,
-            metrics,
+            pool: context.pool.clone(),
+            clock: Arc::clone(&context.clock),
+            metrics: Arc::clone(&context.metrics),
         }
     }
 
@@ -107,17 +108,12 @@ impl std::fmt::Debug for RetentionSweep {
 }
 
 impl RetentionSweep {
-    pub fn new(
-        pool: PgPool,
-        clock: Arc<dyn Clock>,
-        retention: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(context: &TaskContext, retention: Duration) -> Self {
         Self {
-            pool,
-            clock,
+            pool: context.pool.clone(),
+            clock: Arc::clone(&context.clock),
             retention,
-            metrics,
+            metrics: Arc::clone(&context.metrics),
         }
     }
 

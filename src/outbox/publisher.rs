@@ -25,6 +25,7 @@ use super::{
 use crate::{
     clock::Clock,
     config::PublisherSettings,
+    context::TaskContext,
     db::{DbError, PgPool, outbox},
     telemetry::{ErrorChain, Health, Metrics},
 };
@@ -116,28 +117,22 @@ impl<S> Clone for Publisher<S> {
 }
 
 impl<S: Sink> Publisher<S> {
-    pub fn new(
-        pool: PgPool,
-        sink: S,
-        clock: Arc<dyn Clock>,
-        settings: PublisherSettings,
-        metrics: Arc<Metrics>,
-        health: Arc<Health>,
-        topic: String,
-    ) -> Self {
+    /// A publisher on `context`'s pool, clock, metrics and health, sending
+    /// through `sink` (and its siblings, one per lane).
+    pub fn new(context: &TaskContext, sink: S, settings: PublisherSettings, topic: String) -> Self {
         let checker = Arc::new(sink.sibling());
         let siblings: Vec<S> = (1..settings.concurrency.max(1))
             .map(|_| sink.sibling())
             .collect();
         let sinks: Vec<S> = std::iter::once(sink).chain(siblings).collect();
         Self {
-            pool,
+            pool: context.pool.clone(),
             sinks: sinks.into(),
             checker,
-            clock,
+            clock: Arc::clone(&context.clock),
             settings,
-            metrics,
-            health,
+            metrics: Arc::clone(&context.metrics),
+            health: Arc::clone(&context.health),
             topic,
         }
     }

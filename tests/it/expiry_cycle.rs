@@ -403,12 +403,10 @@ async fn parallel_instances_expire_each_booking_exactly_once() {
             .await
             .unwrap();
         let worker = booking_expiration::expiry::ExpiryWorker::new(
-            pool,
-            Arc::new(clock.clone()),
+            &booking_expiration::context::TaskContext::new(pool, Arc::new(clock.clone())),
             expiry_settings(200),
             EventSettings::default(),
             ShutdownSettings::default(),
-            Arc::new(booking_expiration::telemetry::Metrics::new()),
         );
         handles.push(tokio::spawn(async move {
             worker.run_cycle(&CancellationToken::new()).await.unwrap()

@@ -13,13 +13,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
     clock::SystemClock,
     config::{
         KafkaClientCert, KafkaSettings, KafkaTls, PublisherSettings, SaslMechanism, SaslSettings,
     },
     outbox::{KafkaSink, Publisher, sink::Sink},
-    telemetry::{ErrorChain, Health, Metrics},
+    telemetry::ErrorChain,
 };
 use testkit::free_port;
 use tokio_util::sync::CancellationToken;
@@ -139,17 +140,14 @@ async fn round_trip(kafka: KafkaSettings, n: u64) {
         .await
         .expect("expiry cycle");
     let publisher = Publisher::new(
-        db.pool.clone(),
+        &TaskContext::new(db.pool.clone(), Arc::new(SystemClock)),
         KafkaSink::new(kafka),
-        Arc::new(SystemClock),
         PublisherSettings {
             batch_size: 100,
             poll_interval: Duration::from_millis(200),
             retention: Duration::from_secs(3600),
             concurrency: 2,
         },
-        Arc::new(Metrics::new()),
-        Arc::new(Health::new(wall_now(), true, true)),
         topic.clone(),
     );
     let mut published = 0;

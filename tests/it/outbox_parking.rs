@@ -8,6 +8,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use crate::support::*;
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
     app,
     clock::SystemClock,
@@ -16,7 +17,6 @@ use booking_expiration::{
     outbox::{
         KafkaSink, LagStats, MemorySink, PublishError, Publisher, RetentionSweep, Sink, SinkError,
     },
-    telemetry::{Health, Metrics},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -31,21 +31,13 @@ fn settings(batch_size: u32, retention: Duration) -> PublisherSettings {
 
 struct Rig<S: Sink> {
     publisher: Publisher<S>,
-    metrics: Arc<Metrics>,
+    context: TaskContext,
 }
 
 fn rig<S: Sink>(db: &TestDb, sink: S, settings: PublisherSettings, topic: &str) -> Rig<S> {
-    let metrics = Arc::new(Metrics::new());
-    let publisher = Publisher::new(
-        db.pool.clone(),
-        sink,
-        Arc::new(SystemClock),
-        settings,
-        Arc::clone(&metrics),
-        Arc::new(Health::new(wall_now(), true, true)),
-        topic.to_owned(),
-    );
-    Rig { publisher, metrics }
+    let context = TaskContext::new(db.pool.clone(), Arc::new(SystemClock));
+    let publisher = Publisher::new(&context, sink, settings, topic.to_owned());
+    Rig { publisher, context }
 }
 
 /// Expires `n` seeded due bookings into the outbox of `topic`.
@@ -130,7 +122,7 @@ async fn a_partial_acknowledgement_commits_the_acknowledged_rows_and_never_repro
         ids.dedup();
         assert_eq!(ids.len(), 30, "no event produced twice");
         assert_eq!(claimable(&db).await, 0);
-        let errors = rig.metrics.encode();
+        let errors = rig.context.metrics.encode();
         assert!(
             errors.contains(
                 "crm_booking_expiration_outbox_produce_errors_total{code=\"CLIENT_REFUSED\"} 1"
@@ -160,25 +152,13 @@ async fn a_refused_row_is_parked_kept_listed_and_put_back() {
     assert_eq!(sink.produce_calls(), 1, "an empty claim sends nothing");
 
     // Kept by retention, counted apart from the lag, listed by status.
-    let sweep = RetentionSweep::new(
-        db.pool.clone(),
-        Arc::new(SystemClock),
-        Duration::ZERO,
-        Arc::clone(&rig.metrics),
-    );
+    let sweep = RetentionSweep::new(&rig.context, Duration::ZERO);
     sweep.run_once().await.unwrap();
     assert_eq!(outbox_rows(&db).await, 1, "the parked row is kept");
-    let stats = LagStats::new(
-        db.pool.clone(),
-        Arc::new(SystemClock),
-        Arc::clone(&rig.metrics),
-    )
-    .run_once()
-    .await
-    .unwrap();
+    let stats = LagStats::new(&rig.context).run_once().await.unwrap();
     assert_eq!((stats.unpublished, stats.parked), (0, 1));
-    assert_eq!(rig.metrics.outbox_parked.get(), 1);
-    assert_eq!(rig.metrics.outbox_unpublished.get(), 0);
+    assert_eq!(rig.context.metrics.outbox_parked.get(), 1);
+    assert_eq!(rig.context.metrics.outbox_unpublished.get(), 0);
     let status = app::status(&db.settings, &SystemClock).await.unwrap();
     assert_eq!(status.outbox_parked, 1);
     assert_eq!(status.parked.len(), 1);
@@ -389,7 +369,7 @@ async fn an_oversized_row_is_parked_the_others_published_once_then_retried() {
         parked_row.reason
     );
     eprintln!("parked: {}", parked_row.reason);
-    let metrics = rig.metrics.encode();
+    let metrics = rig.context.metrics.encode();
     assert!(
         metrics.contains(
             "crm_booking_expiration_outbox_produce_errors_total{code=\"MESSAGE_TOO_LARGE\"}"
@@ -472,7 +452,7 @@ async fn a_request_too_large_for_the_topic_is_split_until_each_record_fits() {
     let counts = key_counts(&records);
     assert_eq!(records.len(), 300, "each record once");
     assert_eq!(counts.len(), 300);
-    let metrics = rig.metrics.encode();
+    let metrics = rig.context.metrics.encode();
     eprintln!(
         "{}",
         metrics

@@ -5,6 +5,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use crate::support::*;
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
     clock::{Clock, ManualClock, SystemClock},
     config::{KafkaSettings, PublisherSettings},
@@ -13,7 +14,7 @@ use booking_expiration::{
         KafkaError, KafkaSink, LagStats, PublishError, Publisher, RetentionSweep, SinkError,
         kafka::OutgoingRecord,
     },
-    telemetry::{Health, Metrics},
+    telemetry::Health,
 };
 use booking_expired_proto::{decode_record, partition_for_key, v1};
 use diesel_async::RunQueryDsl;
@@ -47,15 +48,11 @@ fn publisher_with(
     clock: Arc<dyn Clock>,
     topic: &str,
 ) -> Publisher {
-    Publisher::new(
-        pool,
-        KafkaSink::new(kafka),
-        clock,
-        settings,
-        Arc::new(Metrics::new()),
-        Arc::new(Health::new(wall_now(), true, true)),
-        topic.to_owned(),
-    )
+    let context = TaskContext {
+        health: Arc::new(Health::new(wall_now(), true, true)),
+        ..TaskContext::new(pool, clock)
+    };
+    Publisher::new(&context, KafkaSink::new(kafka), settings, topic.to_owned())
 }
 
 /// Expires `n` seeded due bookings into the outbox of `topic`.
@@ -490,13 +487,8 @@ async fn retention_removes_only_old_published_rows() {
         Arc::new(clock.clone()),
         &topic,
     );
-    let metrics = Arc::new(Metrics::new());
-    let retention = RetentionSweep::new(
-        db.pool.clone(),
-        Arc::new(clock.clone()),
-        publisher_settings(20).retention,
-        Arc::clone(&metrics),
-    );
+    let context = TaskContext::new(db.pool.clone(), Arc::new(clock.clone()));
+    let retention = RetentionSweep::new(&context, publisher_settings(20).retention);
     assert_eq!(p.publish_batch().await.unwrap(), 20);
     assert_eq!(retention.run_once().await.unwrap(), 0, "within retention");
     clock.advance(chrono::Duration::hours(2));
@@ -506,9 +498,6 @@ async fn retention_removes_only_old_published_rows() {
         10,
         "unpublished rows are never swept"
     );
-    let stats = LagStats::new(db.pool.clone(), Arc::new(clock.clone()), metrics)
-        .run_once()
-        .await
-        .unwrap();
+    let stats = LagStats::new(&context).run_once().await.unwrap();
     assert_eq!(stats.unpublished, 10);
 }

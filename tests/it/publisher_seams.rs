@@ -10,6 +10,7 @@ use std::{
 };
 
 use crate::support::*;
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
     clock::{Clock, SystemClock},
     config::{KafkaSettings, PublisherSettings},
@@ -41,6 +42,7 @@ struct Rig<S: Sink> {
     publisher: Publisher<S>,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    context: TaskContext,
 }
 
 fn rig<S: Sink>(pool: PgPool, sink: S, settings: PublisherSettings) -> Rig<S> {
@@ -53,21 +55,21 @@ fn rig_with_clock<S: Sink>(
     settings: PublisherSettings,
     clock: Arc<dyn Clock>,
 ) -> Rig<S> {
-    let health = Arc::new(Health::new(wall_now(), true, true));
-    let metrics = Arc::new(Metrics::new());
+    let context = TaskContext {
+        health: Arc::new(Health::new(wall_now(), true, true)),
+        ..TaskContext::new(pool, clock)
+    };
     let publisher = Publisher::new(
-        pool,
+        &context,
         sink,
-        clock,
         settings,
-        Arc::clone(&metrics),
-        Arc::clone(&health),
         "pin.crm.booking-expired.v1".to_owned(),
     );
     Rig {
         publisher,
-        health,
-        metrics,
+        health: Arc::clone(&context.health),
+        metrics: Arc::clone(&context.metrics),
+        context,
     }
 }
 
@@ -342,21 +344,11 @@ async fn stats_retention_and_broker_check_run_at_once_and_stop_on_shutdown() {
     let token = CancellationToken::new();
     let tasks = [
         tokio::spawn(
-            LagStats::new(
-                db.pool.clone(),
-                Arc::new(clock.clone()),
-                Arc::clone(&rig.metrics),
-            )
-            .run(token.clone()),
+            // The rig's context: the same manual clock and metrics.
+            LagStats::new(&rig.context).run(token.clone()),
         ),
         tokio::spawn(
-            RetentionSweep::new(
-                db.pool.clone(),
-                Arc::new(clock.clone()),
-                Duration::from_secs(3600),
-                Arc::clone(&rig.metrics),
-            )
-            .run(token.clone()),
+            RetentionSweep::new(&rig.context, Duration::from_secs(3600)).run(token.clone()),
         ),
         {
             let (publisher, token) = (rig.publisher.clone(), token.clone());

@@ -11,11 +11,11 @@ use std::{
 };
 
 use crate::support::*;
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
     clock::SystemClock,
     config::PublisherSettings,
     outbox::{KafkaSink, Publisher},
-    telemetry::{Health, Metrics},
 };
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -58,17 +58,14 @@ fn trace_id(record: &ConsumedRecord) -> String {
 
 fn publisher(db: &TestDb, topic: &str) -> Publisher {
     Publisher::new(
-        db.pool.clone(),
+        &TaskContext::new(db.pool.clone(), Arc::new(SystemClock)),
         KafkaSink::new(kafka_settings(kafka_bootstrap())),
-        Arc::new(SystemClock),
         PublisherSettings {
             batch_size: 100,
             poll_interval: Duration::from_millis(200),
             retention: Duration::from_secs(3600),
             concurrency: 1,
         },
-        Arc::new(Metrics::new()),
-        Arc::new(Health::new(wall_now(), true, true)),
         topic.to_owned(),
     )
 }

@@ -10,8 +10,8 @@ use std::{
 };
 
 use crate::support::{NewBooking, TestDb, clock, expiry_settings, t0, wait_until};
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
-    clock::Clock,
     config::{EventSettings, ShutdownSettings},
     db::{
         self,
@@ -20,7 +20,6 @@ use booking_expiration::{
     },
     domain::{BookingExpired, DomainEventSubscriber, Phase},
     expiry::{CycleError, ExpiryWorker},
-    telemetry::Metrics,
 };
 use diesel::{
     QueryableByName,
@@ -202,12 +201,10 @@ async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
     let grace = Duration::from_millis(500);
     let clock = clock();
     let worker = Arc::new(ExpiryWorker::new(
-        db.pool.clone(),
-        Arc::new(clock.clone()) as Arc<dyn Clock>,
+        &TaskContext::new(db.pool.clone(), Arc::new(clock.clone())),
         expiry_settings(100),
         EventSettings::default(),
         ShutdownSettings { grace },
-        Arc::new(Metrics::new()),
     ));
 
     // Blocks the batch's write. The pool's sessions wait for a lock up to

@@ -10,12 +10,12 @@ use std::{
 
 use anyhow::{Result, ensure};
 use booking_expiration::{
-    clock::{Clock, ManualClock},
+    clock::ManualClock,
     config::{EventSettings, ExpirySettings, ShutdownSettings},
+    context::TaskContext,
     db::PgPool,
     domain::{Phase, RunId},
     expiry::ExpiryWorker,
-    telemetry::Metrics,
 };
 use chrono::{DateTime, Utc};
 use diesel::{
@@ -287,8 +287,7 @@ fn expiry_settings(batch: u32) -> ExpirySettings {
 /// backlog, the clock fixed at `as_of`.
 pub fn worker(pool: PgPool, as_of: DateTime<Utc>, batch: u32) -> ExpiryWorker {
     ExpiryWorker::new(
-        pool,
-        Arc::new(ManualClock::new(as_of)) as Arc<dyn Clock>,
+        &TaskContext::new(pool, Arc::new(ManualClock::new(as_of))),
         expiry_settings(batch),
         EventSettings {
             ce_source: SOURCE.into(),
@@ -297,7 +296,6 @@ pub fn worker(pool: PgPool, as_of: DateTime<Utc>, batch: u32) -> ExpiryWorker {
         ShutdownSettings {
             grace: Duration::from_secs(10),
         },
-        Arc::new(Metrics::new()),
     )
 }
 

@@ -10,7 +10,8 @@ use anyhow::{Result, ensure};
 use booking_expiration::{
     clock::SystemClock,
     config::{KafkaSettings, PublisherSettings},
-    db::{self, outbox},
+    context::TaskContext,
+    db::{self, PgPool, outbox},
     outbox::{KafkaSink, Publisher, kafka::OutgoingRecord},
     telemetry::{Health, Metrics},
 };
@@ -160,6 +161,14 @@ pub async fn measure(svc: &Services, backlog: &DueSet<'_>, quick: bool) -> Resul
     })
 }
 
+/// A publisher-only instance's context on `pool`, on the wall clock.
+fn publisher_context(pool: PgPool) -> TaskContext {
+    TaskContext {
+        health: Arc::new(Health::new(crate::support::wall_now(), false, true)),
+        ..TaskContext::new(pool, Arc::new(SystemClock))
+    }
+}
+
 fn kafka_settings(svc: &Services) -> KafkaSettings {
     KafkaSettings {
         client_id: "booking-expiration-bench".into(),
@@ -196,14 +205,12 @@ async fn publish_all(svc: &Services, kafka: bool, total: u64) -> Result<(u64, f6
     let pool = pools(&url, 1).await?.remove(0);
     let produce_metric = "crm_booking_expiration_outbox_produce_duration_seconds";
     let (rows, secs, produce_secs) = if kafka {
-        let metrics = Arc::new(Metrics::new());
+        let context = publisher_context(pool.clone());
+        let metrics = Arc::clone(&context.metrics);
         let publisher = Publisher::new(
-            pool.clone(),
+            &context,
             KafkaSink::new(kafka_settings(svc)),
-            Arc::new(SystemClock),
             publisher_settings(publish_concurrency()),
-            Arc::clone(&metrics),
-            Arc::new(Health::new(crate::support::wall_now(), false, true)),
             TOPIC.into(),
         );
         // Both pooled connections open, as in a running service.
@@ -283,12 +290,9 @@ async fn publish_parallel(svc: &Services, n: usize, total: u64) -> Result<(u64, 
     let mut warm = 0;
     for pool in pools(&url, n).await? {
         let publisher = Arc::new(Publisher::new(
-            pool,
+            &publisher_context(pool),
             KafkaSink::new(kafka_settings(svc)),
-            Arc::new(SystemClock),
             publisher_settings(1),
-            Arc::new(Metrics::new()),
-            Arc::new(Health::new(crate::support::wall_now(), false, true)),
             TOPIC.into(),
         ));
         // Warm-up batch per instance (connect, metadata).

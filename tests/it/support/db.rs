@@ -3,12 +3,12 @@
 
 use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
 
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
-    clock::{Clock, ManualClock},
+    clock::ManualClock,
     config::{DatabaseSettings, EventSettings, ExpirySettings, ShutdownSettings},
     db::{self, PgPool},
     expiry::ExpiryWorker,
-    telemetry::Metrics,
 };
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
@@ -86,12 +86,10 @@ impl TestDb {
         events: EventSettings,
     ) -> ExpiryWorker {
         ExpiryWorker::new(
-            self.pool.clone(),
-            Arc::new(clock.clone()) as Arc<dyn Clock>,
+            &TaskContext::new(self.pool.clone(), Arc::new(clock.clone())),
             settings,
             events,
             ShutdownSettings::default(),
-            Arc::new(Metrics::new()),
         )
     }
 

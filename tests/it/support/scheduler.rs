@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use booking_expiration::context::TaskContext;
 use booking_expiration::{
     clock::{Clock, SystemClock},
     config::{EventSettings, ExpirySettings, ShutdownSettings},
@@ -22,24 +23,19 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn start(db: &TestDb, settings: ExpirySettings) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let metrics = Arc::new(Metrics::new());
+        let context = TaskContext {
+            health: Arc::new(Health::new(clock.now(), true, false)),
+            ..TaskContext::new(db.pool.clone(), clock)
+        };
         let worker = Arc::new(ExpiryWorker::new(
-            db.pool.clone(),
-            Arc::clone(&clock),
+            &context,
             settings,
             EventSettings::default(),
             ShutdownSettings::default(),
-            Arc::clone(&metrics),
         ));
-        let health = Arc::new(Health::new(clock.now(), true, false));
         let token = CancellationToken::new();
-        let task = tokio::spawn(scheduler::run(
-            worker,
-            clock,
-            Arc::clone(&metrics),
-            health,
-            token.clone(),
-        ));
+        let metrics = Arc::clone(&context.metrics);
+        let task = tokio::spawn(scheduler::run(worker, context, token.clone()));
         Self {
             token,
             task,
