@@ -45,7 +45,7 @@ fn imported_modules(source: &str) -> Vec<String> {
         if trimmed == "#[cfg(test)]"
             && lines
                 .peek()
-                .is_some_and(|next| next.trim_start().starts_with("mod "))
+                .is_some_and(|next| next.split_whitespace().any(|word| word == "mod"))
         {
             break;
         }

@@ -337,7 +337,7 @@ pub fn error_name(error: &ProtocolError) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use rskafka::client::error::{Error as ClientError, RequestContext};
 
     use super::*;
@@ -448,7 +448,8 @@ mod tests {
         assert_eq!(disposition(&ProtocolError::Unknown(122)), Retry);
     }
 
-    fn server(protocol_error: ProtocolError) -> KafkaError {
+    /// A produce the broker answered with `protocol_error`.
+    pub(in crate::outbox::kafka) fn server(protocol_error: ProtocolError) -> KafkaError {
         KafkaError::Request {
             operation: "produce",
             source: ClientError::ServerError {

@@ -286,22 +286,8 @@ pub(super) async fn produce_partition(
 
 #[cfg(test)]
 mod tests {
-    use rskafka::client::error::{Error as ClientError, RequestContext};
-
     use super::*;
-
-    fn server(protocol_error: ProtocolError) -> KafkaError {
-        KafkaError::Request {
-            operation: "produce",
-            source: ClientError::ServerError {
-                protocol_error,
-                error_message: None,
-                request: RequestContext::Partition("t".into(), 0),
-                response: None,
-                is_virtual: false,
-            },
-        }
-    }
+    use crate::outbox::kafka::errors::tests::server;
 
     #[test]
     fn the_leader_is_looked_up_again_unless_it_answered_as_leader() {
