@@ -145,7 +145,7 @@ pub fn build_pool(settings: &DatabaseSettings) -> PgPool {
 }
 
 /// How long the readiness probe waits for the database.
-const PING_TIMEOUT: Duration = Duration::from_secs(2);
+const DB_PING_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Whether a pooled connection answers `SELECT 1` within two seconds (the
 /// readiness probe). The simple protocol: no prepared statement, which a
@@ -156,5 +156,5 @@ pub async fn ping(pool: &PgPool) -> bool {
         let mut conn = pool.get().await.ok()?;
         conn.batch_execute("SELECT 1").await.ok()
     };
-    matches!(tokio::time::timeout(PING_TIMEOUT, ping).await, Ok(Some(_)))
+    matches!(tokio::time::timeout(DB_PING_TIMEOUT, ping).await, Ok(Some(_)))
 }

@@ -26,7 +26,7 @@ type Repo struct {
 	EnvVars map[string]bool
 	// Typed defaults (src/config/defaults.rs) and STOP_MARGIN (src/config.rs).
 	ShutdownGrace, KafkaRequestTimeout, StopMargin time.Duration
-	// How long /readyz waits for the database (src/telemetry/http.rs).
+	// How long /readyz waits for the database (src/db/pool.rs).
 	DBPingTimeout time.Duration
 	// deploy/prometheus/alerts.yml as prometheus-operator types.
 	Alerts monitoringv1.PrometheusRuleSpec
@@ -91,8 +91,12 @@ func LoadRepo(root string) (*Repo, error) {
 		return nil, fmt.Errorf("src/telemetry/http.rs: no route (\"/path\" =>) found")
 	}
 
-	if repo.DBPingTimeout, err = durationConst(httpSrc, "DB_PING_TIMEOUT"); err != nil {
-		return nil, fmt.Errorf("src/telemetry/http.rs: %w", err)
+	poolSrc, err := readText(root, "src/db/pool.rs")
+	if err != nil {
+		return nil, err
+	}
+	if repo.DBPingTimeout, err = durationConst(poolSrc, "DB_PING_TIMEOUT"); err != nil {
+		return nil, fmt.Errorf("src/db/pool.rs: %w", err)
 	}
 
 	err = filepath.WalkDir(filepath.Join(root, "src"), func(path string, d fs.DirEntry, err error) error {
