@@ -156,5 +156,8 @@ pub async fn ping(pool: &PgPool) -> bool {
         let mut conn = pool.get().await.ok()?;
         conn.batch_execute("SELECT 1").await.ok()
     };
-    matches!(tokio::time::timeout(DB_PING_TIMEOUT, ping).await, Ok(Some(_)))
+    matches!(
+        tokio::time::timeout(DB_PING_TIMEOUT, ping).await,
+        Ok(Some(_))
+    )
 }
