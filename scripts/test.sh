@@ -41,7 +41,8 @@ stop_ours() {
   local pids i
   pids="$(ours)"
   [[ -z "$pids" ]] && return 0
-  echo "test.sh: stopping $(wc -w <<<"$pids") process(es) the tests left running" >&2
+  echo "test.sh: stopping what the tests left running:" >&2
+  ps -o pid=,args= -p "$(tr '\n' ',' <<<"$pids" | sed 's/,$//')" 2>/dev/null | cut -c1-160 >&2 || true
   kill -TERM $pids 2>/dev/null || true
   for i in $(seq 1 300); do
     pids="$(ours)"
