@@ -3,7 +3,10 @@
 # Apache Kafka (as the tests start them), the topic, migrations, 10 000 synthetic
 # bookings (20 % already due, the rest due over the next minutes), the worker with
 # a 5 s cycle, and a consumer that decodes the events. Every few seconds one
-# progress line: backlog per phase, expired so far, outbox lag, events consumed.
+# progress line: backlog per phase, expired so far, outbox lag, events consumed. At the
+# end of DEMO_DURATION it stops the worker, lets publishing drain and ends with one line
+# holding the expired count (database) and the consumed count taken at the same moment,
+# and whether they are equal (exit 1 if not).
 #
 #   bash scripts/demo.sh                    until Ctrl-C
 #   DEMO_DURATION=90 bash scripts/demo.sh   stops by itself after 90 s (non-interactive)
@@ -65,6 +68,16 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/booking-expiration-demo.XXXXXX")"
 chmod 755 "$WORK" # the postgres OS user owns the cluster inside
 started_pg="" started_kafka="" worker_pid="" consumer_pid=""
 
+# TERM (graceful), up to 15 s, then KILL.
+stop_worker() {
+  kill -TERM "$worker_pid" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$worker_pid" 2>/dev/null || true
+  wait "$worker_pid" 2>/dev/null || true
+  worker_pid=""
+  log "worker stopped ($(tail -n 1 "$WORK/worker.log" 2>/dev/null | cut -c1-160))"
+}
+
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -75,11 +88,7 @@ cleanup() {
     wait "$consumer_pid" 2>/dev/null || true
   fi
   if [[ -n "$worker_pid" ]] && kill -0 "$worker_pid" 2>/dev/null; then
-    kill -TERM "$worker_pid" 2>/dev/null || true
-    for _ in $(seq 1 150); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$worker_pid" 2>/dev/null || true
-    wait "$worker_pid" 2>/dev/null || true
-    log "worker stopped ($(tail -n 1 "$WORK/worker.log" 2>/dev/null | cut -c1-160))"
+    stop_worker
   fi
   [[ -n "$started_kafka" ]] && { bash scripts/kafka.sh stop "$WORK/kafka" >/dev/null 2>&1 || true; log "kafka stopped"; }
   [[ -n "$started_pg" ]] && { bash scripts/postgres.sh stop "$WORK/pg" >/dev/null 2>&1 || true; log "postgres stopped"; }
@@ -133,7 +142,9 @@ fi
 
 # One progress line from `status --json` and /metrics; prints a few new events.
 progress() {
-  local status_json metrics
+  local consumed status_json metrics
+  # Consumed first, expired after: an event is never counted before its expiry.
+  consumed="$(wc -l <"$WORK/events.log")"
   status_json="$(RUST_LOG=warn "$BIN" status --json 2>>"$WORK/status.log" || echo '{}')"
   metrics="$(python3 - "$METRICS_ADDR" <<'PY' 2>/dev/null || true
 import sys, urllib.request
@@ -143,10 +154,11 @@ except Exception:
     pass
 PY
 )"
-  STATUS_JSON="$status_json" METRICS_TEXT="$metrics" python3 - "$1" "$WORK" "$SHOW_EVENTS" "${CONSUMER:+1}" <<'PY'
+  STATUS_JSON="$status_json" METRICS_TEXT="$metrics" python3 - "$1" "$WORK" "$SHOW_EVENTS" "${CONSUMER:+1}" "$consumed" <<'PY'
 import json, os, re, sys
 elapsed, work, show = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 has_consumer = sys.argv[4] == "1"
+consumed = int(sys.argv[5])
 state_file = os.path.join(work, ".progress")
 try:
     state = json.load(open(state_file))
@@ -175,7 +187,7 @@ published = metric("crm_booking_expiration_outbox_published_total")
 expired = items_r + items_b
 backlog = {p.get("phase"): p.get("backlog") for p in st.get("phases", [])}
 events_path = os.path.join(work, "events.log")
-lines = open(events_path, errors="replace").read().splitlines() if os.path.exists(events_path) else []
+lines = open(events_path, errors="replace").read().splitlines()[:consumed] if os.path.exists(events_path) else []
 events = len(lines)
 wave = expired - state["expired"]
 parts = [
@@ -222,8 +234,54 @@ while :; do
   fi
 done
 
-say "== final status after ${elapsed}s"
+# --- final counts, both from one moment -----------------------------------------------
+# Deadlines keep falling due, so the worker stops first (TERM: graceful) and the expired
+# count (audit rows, one per expiry) stays put; a publisher alone (`run --no-worker`)
+# sends what the outbox still holds. Then wait (at most 60 s) until no row is
+# unpublished and the consumer's count has not grown for 1.5 s, and read both. The
+# consumer drops duplicates by ce_id, so its lines are distinct events.
+db_counts() { # -> "EXPIRED UNPUBLISHED PARKED"
+  psql -X -q -At -F ' ' "$DATABASE_URL" -c "SELECT
+    (SELECT count(*) FROM booking_expiration_audit),
+    (SELECT count(*) FROM booking_expiration_outbox WHERE published_at IS NULL AND parked_at IS NULL),
+    (SELECT count(*) FROM booking_expiration_outbox WHERE parked_at IS NOT NULL)"
+}
+say "== stopping the worker, then waiting for publishing to drain"
+stop_worker
+expired="" consumed="" unpublished="" parked="" drained="" quiet=0 prev=""
+read -r expired unpublished parked < <(db_counts) || true
+if [[ "$unpublished" != 0 ]]; then
+  log "$unpublished outbox rows unpublished: starting a publisher alone (run --no-worker)"
+  "$BIN" run --no-worker >>"$WORK/worker.log" 2>&1 &
+  worker_pid=$!
+fi
+for _ in $(seq 1 120); do
+  read -r expired unpublished parked < <(db_counts) || true
+  consumed="$(wc -l <"$WORK/events.log")"
+  if [[ "$unpublished" == 0 && "$consumed" == "$prev" ]]; then
+    quiet=$((quiet + 1))
+    [[ $quiet -ge 3 ]] && { drained=1; break; }
+  else
+    quiet=0
+  fi
+  prev="$consumed"
+  sleep 0.5
+done
+at="$(clock)"
+say "== final status after $(( $(date +%s) - t_start ))s"
 RUST_LOG=warn "$BIN" status
-if [[ -n "$CONSUMER" ]]; then
-  log "events decoded by the consumer: $(wc -l <"$WORK/events.log") (in $WORK/events.log)"
+if [[ -z "$CONSUMER" ]]; then
+  say "final at $at: expired $expired, unpublished $unpublished (no consumer)"
+  exit 0
+fi
+bookings="$(head -n "$consumed" "$WORK/events.log" | awk '{print $4}' | sort -u | wc -l)"
+note=""
+[[ -n "$drained" ]] || note=" (NOT drained after 60 s)"
+line="final at $at$note: expired $expired (database) | consumed $consumed distinct events, $bookings distinct bookings"
+(( parked > 0 )) && line+=" | parked $parked"
+if [[ -n "$drained" && "$expired" == "$consumed" && "$consumed" == "$bookings" ]]; then
+  say "$line | equal"
+else
+  say "$line | NOT equal"
+  exit 1
 fi

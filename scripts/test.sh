@@ -6,21 +6,90 @@
 # suite, and stops what it started.
 #
 #   bash scripts/test.sh [cargo test arguments...]
+#
+# Everything the run makes lives in one work folder: the tests' scratch
+# folders too (TMPDIR points inside it). At exit, pass or fail, it stops
+# every process whose command line or environment names that folder and
+# removes it; on failure it first prints the tail of each log. Then it
+# checks that nothing is left: no folder, no new booking-expiration-* entry
+# in the temporary directory, no process (exit 1 otherwise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-work="$(mktemp -d "${TMPDIR:-/tmp}/booking-expiration-test.XXXXXX")"
-chmod 755 "$work" # the postgres OS user owns the cluster inside
+tmp_root="${TMPDIR:-/tmp}"
+ours_before="$(ls -A "$tmp_root" | grep '^booking-expiration-' || true)"
+work="$(mktemp -d "$tmp_root/booking-expiration-test.XXXXXX")"
+mkdir "$work/tmp"
+chmod 755 "$work" "$work/tmp" # the postgres OS user owns clusters inside
+export TMPDIR="$work/tmp"
 started_pg=""
 started_kafka=""
+
+# Pids of the processes whose command line or environment names $work
+# (servers the tests started, in statics too, and their children).
+ours() {
+  local p
+  for p in /proc/[0-9]*; do
+    p="${p#/proc/}"
+    [[ "$p" == "$$" || "$p" == "$BASHPID" ]] && continue
+    grep -qaF -- "$work" "/proc/$p/cmdline" "/proc/$p/environ" 2>/dev/null && echo "$p"
+  done
+  return 0
+}
+
+stop_ours() {
+  local pids i
+  pids="$(ours)"
+  [[ -z "$pids" ]] && return 0
+  echo "test.sh: stopping what the tests left running:" >&2
+  ps -o pid=,args= -p "$(tr '\n' ',' <<<"$pids" | sed 's/,$//')" 2>/dev/null | cut -c1-160 >&2 || true
+  kill -TERM $pids 2>/dev/null || true
+  for i in $(seq 1 300); do
+    pids="$(ours)"
+    [[ -z "$pids" ]] && return 0
+    sleep 0.1
+  done
+  kill -KILL $pids 2>/dev/null || true
+  sleep 1
+}
+
+# The last 40 lines of each text log under $work (the newest 20).
+print_logs() {
+  local f n=0
+  while IFS= read -r f; do
+    grep -Iq . "$f" 2>/dev/null || continue # Kafka's segments are *.log too
+    echo "---- $f (last 40 lines)" >&2
+    tail -n 40 "$f" >&2 || true
+    n=$((n + 1))
+    [[ $n -ge 20 ]] && break
+  done < <(find "$work" -name '*.log' -type f -printf '%T@ %p\n' 2>/dev/null | sort -rn | cut -d' ' -f2-)
+  echo "test.sh: the run failed; the tails of $n log(s) under $work are printed above" >&2
+}
+
 cleanup() {
   local status=$?
+  export TMPDIR="$tmp_root" # what runs from here does not name $work
   [[ -n "$started_kafka" ]] && bash scripts/kafka.sh stop "$work/kafka" || true
   [[ -n "$started_pg" ]] && bash scripts/postgres.sh stop "$work/pg" || true
-  if [[ $status -ne 0 ]]; then
-    echo "test.sh: logs kept in $work" >&2
-  else
-    rm -rf "$work"
+  stop_ours
+  [[ $status -ne 0 ]] && print_logs
+  rm -rf "$work" || true
+
+  # Nothing the run made may be left. (Another test run at the same time
+  # would show here too.)
+  local left="" new
+  [[ -e "$work" ]] && left+="folder $work"$'\n'
+  new="$(comm -13 <(sort <<<"$ours_before") \
+    <(ls -A "$tmp_root" | grep '^booking-expiration-' | sort) | grep -v '^$' || true)"
+  [[ -n "$new" ]] && left+="$(sed "s|^|in $tmp_root: |" <<<"$new")"$'\n'
+  local pid
+  for pid in $(ours); do
+    left+="process $(ps -o pid=,user=,args= -p "$pid" 2>/dev/null | cut -c1-300)"$'\n'
+  done
+  if [[ -n "$left" ]]; then
+    echo "test.sh: the run left behind:" >&2
+    printf '%s' "$left" >&2
+    exit 1
   fi
   exit "$status"
 }

@@ -70,12 +70,12 @@ pub fn free_port_pairs(n: usize) -> Vec<u16> {
 }
 
 /// A fresh folder under the temporary directory that the `postgres` OS user
-/// can enter (it owns a cluster started inside).
+/// can enter (it owns a cluster started inside). The name is short: a
+/// cluster's Unix socket inside must stay within 107 bytes, also under the
+/// test command's own `TMPDIR` (`/tmp/booking-expiration-test.XXXXXX/tmp`).
 pub fn tempdir(prefix: &str) -> Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!(
-        "booking-expiration-{prefix}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let dir = std::env::temp_dir().join(format!("booking-expiration-{prefix}-{}", &id[..12]));
     std::fs::create_dir_all(&dir).with_context(|| dir.display().to_string())?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
     Ok(dir)
