@@ -21,18 +21,19 @@ ours_before="$(ls -A "$tmp_root" | grep '^booking-expiration-' || true)"
 work="$(mktemp -d "$tmp_root/booking-expiration-test.XXXXXX")"
 mkdir "$work/tmp"
 chmod 755 "$work" "$work/tmp" # the postgres OS user owns clusters inside
-export TMPDIR="$work/tmp"
 started_pg=""
 started_kafka=""
 
 # Pids of the processes whose command line or environment names $work
 # (servers the tests started, in statics too, and their children).
+# One grep over all of /proc; the grep itself (whose arguments name $work)
+# has exited by the time the loop asks who is alive.
 ours() {
   local p
-  for p in /proc/[0-9]*; do
-    p="${p#/proc/}"
+  for p in $(grep -laF -- "$work" /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null |
+    cut -d/ -f3 | sort -u); do
     [[ "$p" == "$$" || "$p" == "$BASHPID" ]] && continue
-    grep -qaF -- "$work" "/proc/$p/cmdline" "/proc/$p/environ" 2>/dev/null && echo "$p"
+    kill -0 "$p" 2>/dev/null && echo "$p"
   done
   return 0
 }
@@ -68,7 +69,6 @@ print_logs() {
 
 cleanup() {
   local status=$?
-  export TMPDIR="$tmp_root" # what runs from here does not name $work
   [[ -n "$started_kafka" ]] && bash scripts/kafka.sh stop "$work/kafka" || true
   [[ -n "$started_pg" ]] && bash scripts/postgres.sh stop "$work/pg" || true
   stop_ours
@@ -84,7 +84,7 @@ cleanup() {
   [[ -n "$new" ]] && left+="$(sed "s|^|in $tmp_root: |" <<<"$new")"$'\n'
   local pid
   for pid in $(ours); do
-    left+="process $(ps -o pid=,user=,args= -p "$pid" 2>/dev/null | cut -c1-300)"$'\n'
+    left+="process $(ps -o pid=,user=,args= -p "$pid" 2>/dev/null | cut -c1-300 || true)"$'\n'
   done
   if [[ -n "$left" ]]; then
     echo "test.sh: the run left behind:" >&2
@@ -122,12 +122,12 @@ fi
 # tests/it/pgbouncer.rs starts PgBouncers of its own (Debian's package).
 bash scripts/pgbouncer.sh install
 
-cargo test --workspace --locked "$@"
+TMPDIR="$work/tmp" cargo test --workspace --locked "$@"
 # Tests marked #[ignore] load the server heavily (a 1,000,000-row table):
 # they run after the suite, one at a time, so they cannot make the suite's
 # timing tests late. With arguments, add `-- --include-ignored` to get them.
 if [[ $# -eq 0 ]]; then
-  cargo test --locked --test it -- --ignored --test-threads=1
+  TMPDIR="$work/tmp" cargo test --locked --test it -- --ignored --test-threads=1
 fi
 
 # Each test drops its own database when it ends (tests/it/support/db.rs);

@@ -17,7 +17,7 @@ use crate::{
     clock::{Clock, SystemClock},
     config::{
         ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
-        ShutdownSettings,
+        ShutdownSettings, StartupChecks,
     },
     context::TaskContext,
     db::{self, DbError, privileges::Use},
@@ -62,6 +62,18 @@ impl AppError {
 /// (the CPU, the certificate and key files), made before anything
 /// connects: `database`, or the line of an exit 2.
 pub fn checked_database(database: DatabaseSettings) -> Result<DatabaseSettings, ConfigError> {
+    check_database(&database)?;
+    Ok(database)
+}
+
+/// What `run`'s settings are checked with at start (config cannot check
+/// what needs the TLS library itself).
+pub const STARTUP_CHECKS: StartupChecks = StartupChecks {
+    database: check_database,
+    kafka: outbox::kafka::tls_bridge::check,
+};
+
+fn check_database(database: &DatabaseSettings) -> Result<(), ConfigError> {
     let setting = if database.is_direct {
         "DATABASE_DIRECT_URL"
     } else {
@@ -71,19 +83,7 @@ pub fn checked_database(database: DatabaseSettings) -> Result<DatabaseSettings, 
     if let Some(direct) = &database.direct_url {
         db::tls::check("DATABASE_DIRECT_URL", direct)?;
     }
-    Ok(database)
-}
-
-/// [`checked_database`] and the Kafka TLS check, for `run`.
-pub fn checked_settings(settings: Settings) -> Result<Settings, ConfigError> {
-    let database = checked_database(settings.database)?;
-    if let Some(kafka) = &settings.kafka {
-        outbox::kafka::tls_bridge::check(kafka)?;
-    }
-    Ok(Settings {
-        database,
-        ..settings
-    })
+    Ok(())
 }
 
 /// `migrate`: applies pending migrations.

@@ -102,12 +102,39 @@ pub struct Roles {
 /// the last mark and closing connections.
 pub const STOP_MARGIN: Duration = Duration::from_secs(5);
 
+/// The start-up checks of `run` that config cannot make itself: they need
+/// the TLS library (the CPU, the certificate and key files), so `db` and
+/// `outbox` own them and `app` hands them in. [`Settings::checked_from_args`]
+/// runs each as soon as the group it checks is complete, so a bad file is
+/// reported in the order of the settings, as when the files were read
+/// while parsing.
+#[derive(Debug, Clone, Copy)]
+pub struct StartupChecks {
+    pub database: fn(&DatabaseSettings) -> Result<(), ConfigError>,
+    pub kafka: fn(&KafkaSettings) -> Result<(), ConfigError>,
+}
+
+impl StartupChecks {
+    /// No check: the settings alone (unit tests of the rules).
+    pub const NONE: Self = Self {
+        database: |_| Ok(()),
+        kafka: |_| Ok(()),
+    };
+}
+
 impl Settings {
     /// The one validation step of `run`: the required settings and every
     /// rule that spans settings. Each value was parsed (and range-checked)
-    /// by its value parser already.
+    /// by its value parser already. No start-up check runs: see
+    /// [`Self::checked_from_args`].
     pub fn from_args(args: RunArgs) -> Result<Self, ConfigError> {
+        Self::checked_from_args(args, StartupChecks::NONE)
+    }
+
+    /// [`Self::from_args`] with `checks` run as each group is complete.
+    pub fn checked_from_args(args: RunArgs, checks: StartupChecks) -> Result<Self, ConfigError> {
         let database = args.database.settings()?;
+        (checks.database)(&database)?;
         if args.no_worker && args.no_publisher {
             return Err(ConfigError::new(
                 "NO_WORKER",
@@ -118,6 +145,7 @@ impl Settings {
             None
         } else {
             let kafka = kafka_settings(args.kafka)?;
+            (checks.kafka)(&kafka)?;
             check_kafka_fits_idle_transaction(&database, &kafka)?;
             Some(kafka)
         };

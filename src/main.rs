@@ -217,9 +217,8 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Run(args) => {
-            let settings = Settings::from_args(args)
-                .and_then(app::checked_settings)
-                .map_err(invalid)?;
+            let settings =
+                Settings::checked_from_args(args, app::STARTUP_CHECKS).map_err(invalid)?;
             block_on(async |stop| Ok(app::run(settings, stop).await?))
         }
     }

@@ -646,7 +646,7 @@ mod tests {
                 .concat(),
             )
             .unwrap();
-            let error = crate::app::checked_settings(settings).unwrap_err();
+            let error = (crate::app::STARTUP_CHECKS.kafka)(&settings.kafka.unwrap()).unwrap_err();
             assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
             assert!(error.problem.contains("cannot read"), "{error}");
         }

@@ -411,7 +411,7 @@ func checkDatabaseSettings(where string, e env, p *problems) {
 	}
 }
 
-// checkKafkaSettings mirrors the start-up checks of src/config.rs
+// checkKafkaSettings mirrors the start-up checks of src/config/kafka.rs
 // (security_protocol, kafka_tls): what the worker would refuse with exit 2.
 func checkKafkaSettings(where string, e env, p *problems) {
 	protocol, _ := setting(e, "KAFKA_SECURITY_PROTOCOL")

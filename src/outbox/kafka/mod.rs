@@ -13,8 +13,9 @@
 //! broker answers that it no longer leads: during a controlled shutdown it
 //! kept sending to the old leader until that broker closed its port),
 //! builds a new partition client, which finds the partition's leader in
-//! that fresh metadata, and sends again, every [`RETRY_MIN`]..[`RETRY_MAX`]
-//! while the call's budget lasts.
+//! that fresh metadata, and sends again after a jittered pause (the shared
+//! `Backoff`, [`RETRY_MIN`] doubling to [`RETRY_MAX`]) while the call's
+//! budget lasts.
 
 mod errors;
 mod produce;
@@ -73,8 +74,9 @@ const RSKAFKA_RETRY_FIRST: Duration = Duration::from_millis(10);
 /// asks its stale metadata cache again, so a longer deadline only delays.
 const RSKAFKA_RETRY_DEADLINE: Duration = Duration::from_millis(30);
 
-/// First pause before the sink retries a partition whose produce failed
-/// (after a leader change the new leader is usually known at once).
+/// First step of the pause before the sink retries a partition whose
+/// produce failed (after a leader change the new leader is usually known at
+/// once); each pause is drawn from half to all of its step.
 pub const RETRY_MIN: Duration = Duration::from_millis(20);
 
 /// Longest pause between the sink's retries of a partition.
