@@ -10,7 +10,7 @@ use diesel_async::AsyncConnection;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use republish::{BatchOutcome, RepublishReport, RepublishRequest, RepublishedEvent, republish};
+pub use republish::{RepublishReport, RepublishRequest, RepublishedEvent, republish};
 pub use status::{PhaseStatus, PoisonRow, StatusReport, status};
 
 use crate::{

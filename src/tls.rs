@@ -46,6 +46,18 @@ pub fn cpu_supported() -> bool {
     graviola::util::is_cpu_supported()
 }
 
+/// The start-up error of a setting that needs TLS on a CPU that cannot run
+/// it, `needs` naming what asked for TLS (`sslmode=require`, `SSL`); `None`
+/// on a supported CPU.
+pub fn unsupported_cpu(needs: impl std::fmt::Display) -> Option<String> {
+    (!cpu_supported()).then(|| {
+        format!(
+            "{needs} needs TLS, and this CPU cannot run the TLS library \
+             (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)"
+        )
+    })
+}
+
 /// The one crypto provider of every TLS connection of this process.
 pub fn provider() -> Arc<CryptoProvider> {
     static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();

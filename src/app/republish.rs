@@ -213,19 +213,11 @@ impl Replay<'_> {
         );
         // Replay rows carry the replay's trace context, not the cycle's.
         let trace_headers = trace::headers_of(&span);
-        let Self {
-            conn,
-            bounds,
-            request,
-            events,
-            clock,
-            replay_id,
-            ..
-        } = self;
-        let (bounds, request, events, clock, replay_id) =
-            (&*bounds, *request, *events, *clock, *replay_id);
-        let selection = &request.selection;
-        let (rows, writes, enqueued) = conn
+        let (request, events, clock, replay_id) =
+            (self.request, self.events, self.clock, self.replay_id);
+        let (bounds, selection) = (&self.bounds, &request.selection);
+        let (rows, writes, enqueued) = self
+            .conn
             .transaction(async |conn| {
                 let rows = replay::page(conn, selection, bounds, after, request.batch_size).await?;
                 let mut writes = Vec::with_capacity(rows.len());

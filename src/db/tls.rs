@@ -72,15 +72,10 @@ fn key_file_mode(path: &Path, metadata: &std::fs::Metadata) -> Result<(), TlsFil
 /// `DATABASE_DIRECT_URL`), an exit 2.
 pub fn check(setting: &str, url: &DatabaseUrl) -> Result<(), ConfigError> {
     let tls = url.tls();
-    if tls.mode.requires_tls() && !cpu_supported() {
-        return Err(ConfigError::new(
-            setting,
-            format!(
-                "sslmode={} needs TLS, and this CPU cannot run the TLS library \
-                 (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)",
-                tls.mode
-            ),
-        ));
+    if tls.mode.requires_tls()
+        && let Some(problem) = crate::tls::unsupported_cpu(format_args!("sslmode={}", tls.mode))
+    {
+        return Err(ConfigError::new(setting, problem));
     }
     validate(tls).map_err(|e| ConfigError::new(setting, e.to_string()))
 }

@@ -23,15 +23,8 @@ pub fn check(kafka: &KafkaSettings) -> Result<(), ConfigError> {
     let Some(tls) = &kafka.tls else {
         return Ok(());
     };
-    if !crate::tls::cpu_supported() {
-        return Err(ConfigError::new(
-            "KAFKA_SECURITY_PROTOCOL",
-            format!(
-                "{} needs TLS, and this CPU cannot run the TLS library \
-                 (graviola needs x86_64 with AVX2, ADX and BMI2, or aarch64)",
-                kafka.security_protocol()
-            ),
-        ));
+    if let Some(problem) = crate::tls::unsupported_cpu(kafka.security_protocol()) {
+        return Err(ConfigError::new("KAFKA_SECURITY_PROTOCOL", problem));
     }
     client_config(tls)
         .map(drop)
