@@ -5,7 +5,10 @@
 //! the commit leaves them unpublished, so they are sent again with the same
 //! `ce_id` (at-least-once, never lost). Rows a failed partition did not get
 //! acknowledged stay unpublished and the error is returned after the
-//! commit, so a retry sends only them.
+//! commit, so a retry sends only them: at once when other partitions were
+//! acknowledged (one partition's leader moving does not pause the rest),
+//! after a short pause when the broker answered with an error, after a
+//! growing backoff when it could not be reached.
 
 use std::{
     collections::BTreeMap,
@@ -19,7 +22,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backoff, KafkaSink,
+    Backoff, KafkaError, KafkaSink,
     sink::{Delivery, OutgoingRecord, Refusal, Sink, SinkError},
 };
 use crate::{
@@ -37,6 +40,14 @@ const DRAIN_BUDGET: Duration = Duration::from_secs(5);
 pub const BROKER_CHECK_INTERVAL: Duration = Duration::from_secs(30);
 /// How often the broker is checked while it is unready.
 pub const BROKER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The longest pause after a batch the broker answered with an error (too
+/// few in-sync replicas, a leader moving): it is reachable, so publishing
+/// resumes within about this long of the cluster being writable again.
+/// Failures to reach it at all back off up to [`UNREACHABLE_BACKOFF_MAX`].
+pub const BROKER_ERROR_PAUSE_MAX: Duration = Duration::from_millis(500);
+/// The longest pause while the broker cannot be reached.
+pub const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// The park reason's code for a row that cannot be turned into a record.
 pub const CORRUPT_ROW: &str = "CORRUPT_ROW";
@@ -73,6 +84,16 @@ struct Batch {
     parked: usize,
     /// Rows claimed: a full claim means more rows may be waiting.
     claimed: usize,
+    /// Some rows were not acknowledged while others were: they wait in the
+    /// outbox for the next batch, which goes at once.
+    partial: bool,
+}
+
+impl Batch {
+    /// Another batch should follow at once.
+    fn more(&self, full: usize) -> bool {
+        self.claimed >= full || self.partial
+    }
 }
 
 /// The outbox publisher. Clones share the pool, the sinks and the metrics.
@@ -139,17 +160,46 @@ impl<S: Sink> Publisher<S> {
 
     /// Publishes one batch; returns how many rows it published.
     pub async fn publish_batch(&self) -> Result<usize, PublishError> {
-        Ok(self.publish_batch_with(&self.sinks[0]).await?.published)
+        match self.publish_batch_with(&self.sinks[0]).await? {
+            (_, Some(error)) => Err(error.into()),
+            (batch, None) => Ok(batch.published),
+        }
+    }
+
+    /// One batch of a drain: a batch that got some rows acknowledged made
+    /// progress even when a partition failed, so its failure is counted
+    /// and logged and the next batch goes at once (the sink paces a
+    /// failing partition's retries); a batch that got nothing acknowledged
+    /// fails the drain, and the run loop pauses.
+    async fn drain_batch(&self, sink: &S) -> Result<Batch, PublishError> {
+        match self.publish_batch_with(sink).await? {
+            (batch, None) => Ok(batch),
+            (batch, Some(error)) if batch.published > 0 => {
+                self.metrics.outbox_publish_errors.inc();
+                tracing::warn!(
+                    error = %ErrorChain(&error),
+                    published = batch.published,
+                    "outbox batch partly published; the rest goes with the next batch"
+                );
+                Ok(Batch {
+                    partial: true,
+                    ..batch
+                })
+            }
+            (_, Some(error)) => Err(error.into()),
+        }
     }
 
     /// Claims a batch, produces it through `sink`, and in the same
     /// transaction marks the rows the broker acknowledged published (or
     /// deletes them at retention 0) and parks the rows it refused for good.
     /// When some rows were not acknowledged (a partition failed), what was
-    /// acknowledged is still committed and the error is returned after the
-    /// commit: those rows are never produced again, the others wait for the
-    /// backoff.
-    async fn publish_batch_with(&self, sink: &S) -> Result<Batch, PublishError> {
+    /// acknowledged is still committed and the error is returned beside
+    /// the batch: those rows are never produced again, the others stay.
+    async fn publish_batch_with(
+        &self,
+        sink: &S,
+    ) -> Result<(Batch, Option<SinkError>), PublishError> {
         let mut conn = self.pool.get().await.map_err(DbError::from)?;
         let limit = self.settings.batch_size;
         let delete = self.settings.retention.is_zero();
@@ -239,6 +289,7 @@ impl<S: Sink> Publisher<S> {
                     published: acked.len(),
                     parked,
                     claimed,
+                    partial: false,
                 };
                 Ok((batch, acked_created, error))
             })
@@ -260,10 +311,7 @@ impl<S: Sink> Publisher<S> {
                 "outbox rows parked: the broker refused them for good (see `status`, then `outbox retry`)"
             );
         }
-        match error {
-            Some(error) => Err(error.into()),
-            None => Ok(batch),
-        }
+        Ok((batch, error))
     }
 
     /// Asks the broker about the topic and records the answer as broker
@@ -312,8 +360,8 @@ impl<S: Sink> Publisher<S> {
     ) -> Result<Drained, PublishError> {
         let started = Instant::now();
         let full = self.settings.batch_size as usize;
-        let first = self.publish_batch_with(&self.sinks[0]).await?;
-        if first.claimed < full {
+        let first = self.drain_batch(&self.sinks[0]).await?;
+        if !first.more(full) {
             return Ok(Drained {
                 published: first.published,
                 more: false,
@@ -364,9 +412,9 @@ impl<S: Sink> Publisher<S> {
         let full = self.settings.batch_size as usize;
         let mut published = 0;
         while !shutdown.is_cancelled() && started.elapsed() < budget {
-            let batch = self.publish_batch_with(&self.sinks[lane]).await?;
+            let batch = self.drain_batch(&self.sinks[lane]).await?;
             published += batch.published;
-            if batch.claimed < full {
+            if !batch.more(full) {
                 return Ok(Drained {
                     published,
                     more: false,
@@ -385,7 +433,7 @@ impl<S: Sink> Publisher<S> {
     /// (it is bounded by the Kafka request timeout). Stats, retention and
     /// the broker check are separate tasks (see `app::run`).
     pub async fn run(&self, wake: Arc<Notify>, shutdown: CancellationToken) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+        let mut backoff = Backoff::new(Duration::from_millis(100), UNREACHABLE_BACKOFF_MAX);
         while !shutdown.is_cancelled() {
             let (wait, wake_on_commit) = match self.drain(&shutdown, DRAIN_BUDGET).await {
                 Ok(drained) if drained.more => {
@@ -399,6 +447,14 @@ impl<S: Sink> Publisher<S> {
                 Err(error) => {
                     self.metrics.outbox_publish_errors.inc();
                     let delay = backoff.next_delay();
+                    let delay = match &error {
+                        PublishError::Sink(sink)
+                            if sink.as_kafka().is_some_and(KafkaError::answered_by_broker) =>
+                        {
+                            delay.min(BROKER_ERROR_PAUSE_MAX)
+                        }
+                        _ => delay,
+                    };
                     tracing::error!(error = %ErrorChain(&error), retry_in_ms = delay.as_millis() as u64, "outbox publish failed; rows stay in the outbox");
                     // Only the backoff (not a commit notification) ends this
                     // wait, so an outage is not hammered at commit rate.

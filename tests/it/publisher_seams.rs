@@ -324,6 +324,40 @@ async fn after_a_failure_the_next_attempt_waits_for_the_backoff_not_a_commit() {
     assert!(rig.health.broker_ready(), "the retry was acknowledged");
 }
 
+/// One partition failing while the others are acknowledged (a leader
+/// moving off one broker) is progress: the rows left go with the next
+/// batch at once, not after the backoff, and the failure is still counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_partly_acknowledged_batch_the_rest_goes_at_once() {
+    let db = TestDb::new().await;
+    expire_into_outbox(&db, 10).await;
+    let sink = MemorySink::new();
+    sink.partial_next(6);
+    let rig = rig(db.pool.clone(), sink.clone(), settings(100, 1));
+    let token = CancellationToken::new();
+    let run = {
+        let (publisher, token) = (rig.publisher.clone(), token.clone());
+        tokio::spawn(async move { publisher.run(Arc::new(Notify::new()), token).await })
+    };
+    wait_until("the rest to publish", Duration::from_secs(5), || async {
+        unpublished(&db).await == 0
+    })
+    .await;
+    token.cancel();
+    run.await.unwrap();
+    let started = sink.produce_started();
+    assert!(started.len() >= 2, "{} produce calls", started.len());
+    let gap = started[1] - started[0];
+    // A backoff would be at least 50 ms (see the test above).
+    assert!(gap < Duration::from_millis(50), "rest sent after {gap:?}");
+    assert_eq!(
+        sink.produced().len(),
+        10,
+        "acknowledged rows not sent again"
+    );
+    assert_eq!(rig.metrics.outbox_publish_errors.get(), 1);
+}
+
 // ---- stats, retention and the broker check on their own schedules ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

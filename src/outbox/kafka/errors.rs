@@ -268,6 +268,12 @@ pub enum KafkaError {
         #[source]
         source: rskafka::client::error::Error,
     },
+    /// The call's other partitions were done and this one still had no
+    /// acknowledgement after its grace ([`super::STRAGGLER_GRACE`]).
+    #[error(
+        "partition {partition} was not acknowledged while the call's other partitions were; its records go again with the next batch"
+    )]
+    Straggler { partition: i32 },
     #[error("broker acknowledged {acked} of {sent} records on partition {partition}")]
     ShortAck {
         partition: i32,
@@ -296,8 +302,16 @@ impl KafkaError {
             KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
             KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
             KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
+            KafkaError::Straggler { .. } => "CLIENT_STRAGGLER".into(),
             KafkaError::Security(_) => "CLIENT_SECURITY".into(),
         }
+    }
+
+    /// The broker answered with an error code: it is reachable, so a retry
+    /// is worth making soon (the error is about the cluster's state, such
+    /// as too few in-sync replicas or a leader moving).
+    pub fn answered_by_broker(&self) -> bool {
+        matches!(self, KafkaError::Request { source, .. } if server_error(source).is_some())
     }
 
     /// The broker refused the records for a reason no retry fixes: the

@@ -16,6 +16,14 @@
 //! that fresh metadata, and sends again after a jittered pause (the shared
 //! `Backoff`, [`RETRY_MIN`] doubling to [`RETRY_MAX`]) while the call's
 //! budget lasts.
+//!
+//! Partitions do not wait for each other: once one partition of a call is
+//! acknowledged, a partition still failing or unanswered gets
+//! [`STRAGGLER_GRACE`] (or as long again as the first one took, if longer)
+//! and is then cut short. Its records stay pending for the next batch, the
+//! others' acknowledgements count, and the connection stays (only that
+//! partition's leader is looked up again first), so a leader moving off
+//! one broker stalls that broker's partitions, not the topic.
 
 mod errors;
 mod produce;
@@ -28,7 +36,7 @@ use std::{
 };
 
 use booking_expired_proto::partition_for_key;
-use futures_util::future::join_all;
+use futures_util::{StreamExt, stream::FuturesUnordered};
 use prometheus_client::metrics::{counter::Counter, family::Family};
 use rskafka::{
     BackoffConfig,
@@ -39,6 +47,7 @@ use rskafka::{
     record::Record,
 };
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 pub use crate::outbox::sink::OutgoingRecord;
 use crate::outbox::sink::{Delivery, Produced, Sink, SinkError};
@@ -85,8 +94,20 @@ pub const RETRY_MAX: Duration = Duration::from_millis(500);
 /// A retry is not started with less of the call's budget left than this.
 const RETRY_FLOOR: Duration = Duration::from_millis(250);
 
+/// How long a call waits, after its first partition was acknowledged, for
+/// partitions still failing or unanswered (at least; as long again as that
+/// first partition took when that is longer, so a uniformly slow cluster
+/// cuts nothing). Then they are cut short and go again with the next
+/// batch. A plain Kafka producer sends each partition's batches on their
+/// own; this bounds how long one partition whose leader is moving holds up
+/// the others to about this much.
+pub const STRAGGLER_GRACE: Duration = Duration::from_millis(250);
+
 struct TopicPartitions {
     partitions: Vec<Arc<PartitionClient>>,
+    /// Partitions whose last call ended on an error that put the leader in
+    /// doubt: their next produce looks the leader up again first.
+    suspect: Vec<bool>,
     fetched_at: Instant,
 }
 
@@ -274,6 +295,7 @@ impl KafkaSink {
             partitions.push(Arc::new(client));
         }
         Ok(TopicPartitions {
+            suspect: vec![false; partitions.len()],
             partitions,
             fetched_at: Instant::now(),
         })
@@ -287,7 +309,7 @@ impl KafkaSink {
         let result = self
             .partitions_locked(&mut guard, topic, &budget)
             .await
-            .map(|p| p.len());
+            .map(|(partitions, _)| partitions.len());
         if result.is_err() {
             *guard = None;
         }
@@ -310,7 +332,7 @@ impl KafkaSink {
         guard: &mut Option<Connection>,
         topic: &str,
         budget: &Budget,
-    ) -> Result<Vec<Arc<PartitionClient>>, KafkaError> {
+    ) -> Result<(Vec<Arc<PartitionClient>>, Vec<bool>), KafkaError> {
         if guard.is_none() {
             *guard = Some(Connection {
                 client: self.connect(budget).await?,
@@ -352,6 +374,7 @@ impl KafkaSink {
                             )
                             .await?;
                         known.partitions.push(Arc::new(client));
+                        known.suspect.push(false);
                     }
                     known.fetched_at = Instant::now();
                 }
@@ -366,7 +389,8 @@ impl KafkaSink {
             }
             Some(_) => {}
         }
-        Ok(connection.topics[topic].partitions.clone())
+        let known = &connection.topics[topic];
+        Ok((known.partitions.clone(), known.suspect.clone()))
     }
 
     /// Produces records to `topic`, each to the partition the Java client
@@ -378,10 +402,12 @@ impl KafkaSink {
     /// invalid or corrupt record) is split in halves, each sent on its own,
     /// down to single records, as the Java producer splits a batch: every
     /// record that fits gets through and only the record at fault is
-    /// [`Delivery::Refused`]. Any other failure leaves that partition's
-    /// remaining records [`Delivery::Pending`] and drops the connection so
-    /// the next call starts from fresh metadata; other partitions' acks
-    /// still count.
+    /// [`Delivery::Refused`]. Any other failure, or a partition cut short
+    /// after [`STRAGGLER_GRACE`], leaves that partition's remaining records
+    /// [`Delivery::Pending`]; other partitions' acks still count. When some
+    /// partition was acknowledged the connection stays and only the failed
+    /// partitions look their leader up again next time; when none was, the
+    /// connection is dropped so the next call starts from scratch.
     pub async fn produce(&self, topic: &str, records: Vec<OutgoingRecord>) -> Produced {
         if records.is_empty() {
             return Produced::all_acked(0);
@@ -392,8 +418,8 @@ impl KafkaSink {
             Ok(guard) => guard,
             Err(error) => return Produced::failed(n, error.into()),
         };
-        let partitions = match self.partitions_locked(&mut guard, topic, &budget).await {
-            Ok(partitions) => partitions,
+        let (partitions, suspect) = match self.partitions_locked(&mut guard, topic, &budget).await {
+            Ok(known) => known,
             Err(error) => {
                 *guard = None;
                 return Produced::failed(n, error.into());
@@ -402,15 +428,28 @@ impl KafkaSink {
         let Some(connection) = guard.as_mut() else {
             unreachable!("partitions_locked connected");
         };
-        let (produced, replaced) = self
-            .produce_to(&connection.client, &partitions, topic, records, &budget)
+        let (produced, outcomes) = self
+            .produce_to(
+                &connection.client,
+                (&partitions, &suspect),
+                topic,
+                records,
+                &budget,
+            )
             .await;
-        if produced.error.is_some() {
+        let progress = outcomes.iter().any(|o| o.settled);
+        if produced.error.is_some() && !progress {
             *guard = None;
         } else if let Some(known) = connection.topics.get_mut(topic) {
-            for (partition, client) in replaced {
-                if let Some(slot) = known.partitions.get_mut(partition as usize) {
+            for outcome in outcomes {
+                let index = outcome.partition as usize;
+                if let Some(client) = outcome.replaced
+                    && let Some(slot) = known.partitions.get_mut(index)
+                {
                     *slot = client;
+                }
+                if let Some(slot) = known.suspect.get_mut(index) {
+                    *slot = outcome.leader_suspect;
                 }
             }
         }
@@ -420,11 +459,11 @@ impl KafkaSink {
     async fn produce_to(
         &self,
         client: &Client,
-        partitions: &[Arc<PartitionClient>],
+        (partitions, suspect): (&[Arc<PartitionClient>], &[bool]),
         topic: &str,
         records: Vec<OutgoingRecord>,
         budget: &Budget,
-    ) -> (Produced, Vec<(i32, Arc<PartitionClient>)>) {
+    ) -> (Produced, Vec<Settled>) {
         let n = records.len();
         let count = partitions.len() as i32;
         let mut by_partition: BTreeMap<i32, Vec<(usize, Record)>> = BTreeMap::new();
@@ -443,41 +482,82 @@ impl KafkaSink {
         let compression = self.compression();
         let refreshed = Mutex::new(None);
         let refreshed = &refreshed;
-        let sends = by_partition.into_iter().map(|(partition, records)| {
-            let current = Arc::clone(&partitions[partition as usize]);
-            let target = Target {
-                client,
-                topic,
-                partition,
-                compression,
-                budget,
-                sink: self,
-                refreshed,
-            };
-            async move { produce_partition(target, current, records).await }
-        });
+        let cut = CancellationToken::new();
+        let cut = &cut;
+        let started = tokio::time::Instant::now();
+        let mut sends: FuturesUnordered<_> = by_partition
+            .into_iter()
+            .map(|(partition, records)| {
+                let current = Arc::clone(&partitions[partition as usize]);
+                let target = Target {
+                    client,
+                    topic,
+                    partition,
+                    compression,
+                    budget,
+                    sink: self,
+                    refreshed,
+                    cut,
+                    find_leader: suspect[partition as usize],
+                };
+                produce_partition(target, current, records)
+            })
+            .collect();
         let mut produced = Produced {
             deliveries: vec![Delivery::Pending; n],
             error: None,
             error_codes: Vec::new(),
         };
-        let mut replaced = Vec::new();
-        for outcome in join_all(sends).await {
-            if let Some(client) = outcome.replaced {
-                replaced.push((outcome.partition, client));
+        let mut outcomes = Vec::new();
+        // Set when the first partition is acknowledged: the others have
+        // until then.
+        let mut grace_ends: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match grace_ends {
+                Some(at) if !cut.is_cancelled() => {
+                    match tokio::time::timeout_at(at, sends.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            cut.cancel();
+                            continue;
+                        }
+                    }
+                }
+                _ => sends.next().await,
+            };
+            let Some(outcome) = next else { break };
+            if outcome.settled() && grace_ends.is_none() {
+                grace_ends =
+                    Some(tokio::time::Instant::now() + STRAGGLER_GRACE.max(started.elapsed()));
             }
             for (index, delivery) in outcome.deliveries {
                 produced.deliveries[index] = delivery;
             }
             produced.error_codes.extend(outcome.error_codes);
+            let settled = outcome.error.is_none();
             if produced.error.is_none()
                 && let Some(error) = outcome.error
             {
                 produced.error = Some(error.into());
             }
+            outcomes.push(Settled {
+                partition: outcome.partition,
+                settled,
+                leader_suspect: outcome.leader_suspect,
+                replaced: outcome.replaced,
+            });
         }
-        (produced, replaced)
+        (produced, outcomes)
     }
+}
+
+/// What a call leaves for the next ones about one partition.
+struct Settled {
+    partition: i32,
+    /// Every record acknowledged or refused.
+    settled: bool,
+    leader_suspect: bool,
+    replaced: Option<Arc<PartitionClient>>,
 }
 
 impl Sink for KafkaSink {

@@ -1,6 +1,8 @@
 //! One partition's produce within a call's time budget: split in halves
 //! while the broker refuses the records, retried against a leader looked up
-//! again from fresh metadata.
+//! again from fresh metadata, and cut short once the call's other
+//! partitions are done and this one lags behind (see
+//! [`super::STRAGGLER_GRACE`]).
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,6 +15,7 @@ use rskafka::{
     record::Record,
 };
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::{
     KafkaSink, RETRY_FLOOR, RETRY_MAX, RETRY_MIN,
@@ -37,6 +40,16 @@ pub(super) struct PartitionOutcome {
     /// A partition client built during the call (the leader looked up
     /// again), to keep for the next calls.
     pub(super) replaced: Option<Arc<PartitionClient>>,
+    /// The partition ended on an error that puts its leader in doubt: the
+    /// next call looks the leader up again before it sends.
+    pub(super) leader_suspect: bool,
+}
+
+impl PartitionOutcome {
+    /// Every record of the partition acknowledged or refused.
+    pub(super) fn settled(&self) -> bool {
+        self.error.is_none()
+    }
 }
 
 /// The time budget of one call. Every step of a call (waiting for the
@@ -95,6 +108,16 @@ pub(super) struct Target<'a> {
     /// When the last metadata refresh of this call started: partitions
     /// that failed together share one refresh.
     pub(super) refreshed: &'a Mutex<Option<tokio::time::Instant>>,
+    /// Cancelled when the call's other partitions are done and this one
+    /// has had its grace: it stops at once, in a request or a pause, and
+    /// its records not yet acknowledged stay [`Delivery::Pending`] for the
+    /// next call. rskafka's requests are cancellation-safe (a request cut
+    /// mid-write is finished in the background), so the connection stays
+    /// usable.
+    pub(super) cut: &'a CancellationToken,
+    /// Look the leader up again before the first send (the previous call
+    /// ended on an error that put it in doubt).
+    pub(super) find_leader: bool,
 }
 
 /// Whether the leader is looked up again before retrying after `error`:
@@ -161,6 +184,8 @@ pub(super) async fn produce_partition(
         budget,
         sink,
         refreshed,
+        cut,
+        mut find_leader,
     } = target;
     let mut outcome = PartitionOutcome {
         partition,
@@ -168,7 +193,6 @@ pub(super) async fn produce_partition(
     };
     let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
     let mut pause = backoff.next_delay();
-    let mut find_leader = false;
     let mut failed_at = tokio::time::Instant::now();
     // Chunks still to send, the next one last.
     let mut chunks = vec![records];
@@ -205,11 +229,11 @@ pub(super) async fn produce_partition(
             }
         }
         let result = match attempt {
-            Ok(()) => {
-                budget
-                    .step("produce", current.produce(batch, compression))
-                    .await
-            }
+            Ok(()) => tokio::select! {
+                biased;
+                result = budget.step("produce", current.produce(batch, compression)) => result,
+                () = cut.cancelled() => Err(KafkaError::Straggler { partition }),
+            },
             Err(error) => Err(error),
         };
         let error = match result {
@@ -255,8 +279,10 @@ pub(super) async fn produce_partition(
                     .deliveries
                     .push((*index, Delivery::Refused(refusal)));
             }
-            None if !matches!(error, KafkaError::Timeout { .. })
-                && budget.remaining() > pause + RETRY_FLOOR =>
+            None if !matches!(
+                error,
+                KafkaError::Timeout { .. } | KafkaError::Straggler { .. }
+            ) && budget.remaining() > pause + RETRY_FLOOR =>
             {
                 find_leader = leader_suspect(&error);
                 tracing::info!(
@@ -269,11 +295,25 @@ pub(super) async fn produce_partition(
                     "produce failed; retrying"
                 );
                 failed_at = tokio::time::Instant::now();
-                tokio::time::sleep(pause).await;
+                tokio::select! {
+                    biased;
+                    () = cut.cancelled() => {
+                        // Cut during the pause: the error stands, the
+                        // leader stays suspect for the next call.
+                        outcome.leader_suspect = find_leader;
+                        outcome
+                            .deliveries
+                            .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
+                        outcome.error = Some(error);
+                        continue;
+                    }
+                    () = tokio::time::sleep(pause) => {}
+                }
                 pause = backoff.next_delay();
                 chunks.push(chunk);
             }
             None => {
+                outcome.leader_suspect = leader_suspect(&error);
                 outcome
                     .deliveries
                     .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
