@@ -19,7 +19,7 @@
 //!
 //! Partitions do not wait for each other: once one partition of a call is
 //! acknowledged, a partition still failing or unanswered gets
-//! [`STRAGGLER_GRACE`] (or as long again as the first one took, if longer)
+//! [`STRAGGLER_GRACE`] (or as long again as the first one took, up to 1 s)
 //! and is then cut short. Its records stay pending for the next batch, the
 //! others' acknowledgements count, and the connection stays (only that
 //! partition's leader is looked up again first), so a leader moving off
@@ -96,15 +96,24 @@ const RETRY_FLOOR: Duration = Duration::from_millis(250);
 
 /// How long a call waits, after its first partition was acknowledged, for
 /// partitions still failing or unanswered (at least; as long again as that
-/// first partition took when that is longer, so a uniformly slow cluster
-/// cuts nothing). Then they are cut short and go again with the next
+/// first partition took when that is longer, up to
+/// [`STRAGGLER_GRACE_MAX`], so a uniformly slow cluster cuts nothing). Then they are cut short and go again with the next
 /// batch. A plain Kafka producer sends each partition's batches on their
 /// own; this bounds how long one partition whose leader is moving holds up
 /// the others to about this much.
 pub const STRAGGLER_GRACE: Duration = Duration::from_millis(250);
 
+/// The grace never exceeds this, however long the first partition took (a
+/// call that waited seconds for the cluster does not give a partition
+/// whose leader is gone that long again).
+const STRAGGLER_GRACE_MAX: Duration = Duration::from_secs(1);
+
+/// A partition's client: `None` when its leader could not be reached when
+/// the topic was loaded (the produce looks it up first).
+type Slot = Option<Arc<PartitionClient>>;
+
 struct TopicPartitions {
-    partitions: Vec<Arc<PartitionClient>>,
+    partitions: Vec<Slot>,
     /// Partitions whose last call ended on an error that put the leader in
     /// doubt: their next produce looks the leader up again first.
     suspect: Vec<bool>,
@@ -284,15 +293,32 @@ impl KafkaSink {
         if count == 0 {
             return Err(KafkaError::NoPartitions(topic.to_owned()));
         }
+        // A partition whose leader cannot be reached now (it just died, a
+        // new one is not elected yet) does not keep the others from being
+        // written: its produce looks the leader up again. Only when no
+        // partition has a reachable leader does loading fail.
         let mut partitions = Vec::with_capacity(count);
+        let mut last_error = None;
         for partition in 0..count as i32 {
-            let client = budget
+            let lookup = budget
                 .step(
                     "leader lookup",
                     client.partition_client(topic, partition, UnknownTopicHandling::Error),
                 )
-                .await?;
-            partitions.push(Arc::new(client));
+                .await;
+            match lookup {
+                Ok(found) => partitions.push(Some(Arc::new(found))),
+                Err(error) => {
+                    tracing::info!(topic, partition, error = %ErrorChain(&error), "partition leader not reachable; looked up again at its first produce");
+                    partitions.push(None);
+                    last_error = Some(error);
+                }
+            }
+        }
+        if let Some(error) = last_error
+            && partitions.iter().all(Option::is_none)
+        {
+            return Err(error);
         }
         Ok(TopicPartitions {
             suspect: vec![false; partitions.len()],
@@ -332,7 +358,7 @@ impl KafkaSink {
         guard: &mut Option<Connection>,
         topic: &str,
         budget: &Budget,
-    ) -> Result<(Vec<Arc<PartitionClient>>, Vec<bool>), KafkaError> {
+    ) -> Result<(Vec<Slot>, Vec<bool>), KafkaError> {
         if guard.is_none() {
             *guard = Some(Connection {
                 client: self.connect(budget).await?,
@@ -373,7 +399,7 @@ impl KafkaSink {
                                 ),
                             )
                             .await?;
-                        known.partitions.push(Arc::new(client));
+                        known.partitions.push(Some(Arc::new(client)));
                         known.suspect.push(false);
                     }
                     known.fetched_at = Instant::now();
@@ -437,8 +463,15 @@ impl KafkaSink {
                 &budget,
             )
             .await;
+        // Nothing acknowledged and the broker did not even answer: the
+        // connection itself may be what failed.
         let progress = outcomes.iter().any(|o| o.settled);
-        if produced.error.is_some() && !progress {
+        let answered = produced
+            .error
+            .as_ref()
+            .and_then(SinkError::as_kafka)
+            .is_some_and(KafkaError::answered_by_broker);
+        if produced.error.is_some() && !progress && !answered {
             *guard = None;
         } else if let Some(known) = connection.topics.get_mut(topic) {
             for outcome in outcomes {
@@ -446,7 +479,7 @@ impl KafkaSink {
                 if let Some(client) = outcome.replaced
                     && let Some(slot) = known.partitions.get_mut(index)
                 {
-                    *slot = client;
+                    *slot = Some(client);
                 }
                 if let Some(slot) = known.suspect.get_mut(index) {
                     *slot = outcome.leader_suspect;
@@ -459,7 +492,7 @@ impl KafkaSink {
     async fn produce_to(
         &self,
         client: &Client,
-        (partitions, suspect): (&[Arc<PartitionClient>], &[bool]),
+        (partitions, suspect): (&[Slot], &[bool]),
         topic: &str,
         records: Vec<OutgoingRecord>,
         budget: &Budget,
@@ -488,7 +521,7 @@ impl KafkaSink {
         let mut sends: FuturesUnordered<_> = by_partition
             .into_iter()
             .map(|(partition, records)| {
-                let current = Arc::clone(&partitions[partition as usize]);
+                let current = partitions[partition as usize].clone();
                 let target = Target {
                     client,
                     topic,
@@ -527,8 +560,10 @@ impl KafkaSink {
             };
             let Some(outcome) = next else { break };
             if outcome.settled() && grace_ends.is_none() {
-                grace_ends =
-                    Some(tokio::time::Instant::now() + STRAGGLER_GRACE.max(started.elapsed()));
+                let grace = started
+                    .elapsed()
+                    .clamp(STRAGGLER_GRACE, STRAGGLER_GRACE_MAX);
+                grace_ends = Some(tokio::time::Instant::now() + grace);
             }
             for (index, delivery) in outcome.deliveries {
                 produced.deliveries[index] = delivery;

@@ -173,7 +173,7 @@ pub(super) async fn refresh_metadata(
 /// after a lost answer can write a record twice (same `ce_id`, same bytes).
 pub(super) async fn produce_partition(
     target: Target<'_>,
-    mut current: Arc<PartitionClient>,
+    mut current: Option<Arc<PartitionClient>>,
     records: Vec<(usize, Record)>,
 ) -> PartitionOutcome {
     let Target {
@@ -185,8 +185,11 @@ pub(super) async fn produce_partition(
         sink,
         refreshed,
         cut,
-        mut find_leader,
+        find_leader,
     } = target;
+    // No client yet (its leader could not be reached when the topic was
+    // loaded): look the leader up first.
+    let mut find_leader = find_leader || current.is_none();
     let mut outcome = PartitionOutcome {
         partition,
         ..PartitionOutcome::default()
@@ -222,19 +225,23 @@ pub(super) async fn produce_partition(
                     )
                     .await
                     .map(|fresh| {
-                        current = Arc::new(fresh);
-                        outcome.replaced = Some(Arc::clone(&current));
+                        let fresh = Arc::new(fresh);
+                        outcome.replaced = Some(Arc::clone(&fresh));
+                        current = Some(fresh);
                         find_leader = false;
                     });
             }
         }
-        let result = match attempt {
-            Ok(()) => tokio::select! {
+        let result = match (attempt, &current) {
+            (Ok(()), Some(current)) => tokio::select! {
                 biased;
                 result = budget.step("produce", current.produce(batch, compression)) => result,
                 () = cut.cancelled() => Err(KafkaError::Straggler { partition }),
             },
-            Err(error) => Err(error),
+            (Ok(()), None) => {
+                unreachable!("a partition without a client looks its leader up first")
+            }
+            (Err(error), _) => Err(error),
         };
         let error = match result {
             Ok(offsets) if offsets.len() == sent => {
