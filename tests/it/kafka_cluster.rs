@@ -48,7 +48,8 @@
 //! runs in one test so that no other test shares the cluster's faults and
 //! two clusters never run at once. `KAFKA_CLUSTER_SCENARIOS=kill,rolling,
 //! down,partitions` and `KAFKA_CLUSTER_PROFILES=tuned,defaults` limit what
-//! runs.
+//! runs; `KAFKA_CLUSTER_LOG_DIR=…` keeps the worker's, the brokers' and the
+//! watcher's logs there.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -748,6 +749,7 @@ async fn three_brokers_under_faults() {
             secs(cluster_started.elapsed())
         ));
         drop(cluster);
+        keep_logs(&dir, profile);
         let _ = std::fs::remove_dir_all(&dir);
         lines.append(&mut report.lines);
         missed.append(&mut report.missed);
@@ -765,6 +767,33 @@ async fn three_brokers_under_faults() {
         missed.len(),
         missed.join("\n")
     );
+}
+
+/// With `KAFKA_CLUSTER_LOG_DIR=…`: the brokers' logs and the watcher's
+/// files of the cluster in `dir` are copied there (`PROFILE-nodeN.log`,
+/// `PROFILE-TOPIC.watch`) before the folder is removed.
+fn keep_logs(dir: &Path, profile: ClusterProfile) {
+    let Ok(to) = std::env::var("KAFKA_CLUSTER_LOG_DIR") else {
+        return;
+    };
+    let to = Path::new(&to);
+    let profile = profile.as_str();
+    for node in 1..=3 {
+        let _ = std::fs::copy(
+            dir.join(format!("node{node}/kafka.log")),
+            to.join(format!("{profile}-node{node}.log")),
+        );
+    }
+    for entry in std::fs::read_dir(dir.join("plain"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".watch") {
+            let _ = std::fs::copy(entry.path(), to.join(format!("{profile}-{name}")));
+        }
+    }
 }
 
 /// Invariant: the leader of partition 0 killed with `kill -9` mid-publish:
