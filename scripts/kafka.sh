@@ -30,16 +30,25 @@
 # Three-broker cluster (KRaft, each node broker+controller, static quorum voters):
 #   scripts/kafka.sh start-cluster DIR P1 P2 P3 node N on 127.0.0.1:PN (controller PN+1),
 #                                               state in DIR/nodeN; returns once all three
-#                                               serve metadata
+#                                               serve metadata. Profile from
+#                                               KAFKA_CLUSTER_PROFILE=tuned|defaults (default
+#                                               tuned), kept in DIR/cluster.profile for the
+#                                               nodes started again later
 #   scripts/kafka.sh stop-cluster DIR           stop every node still running (TERM, then KILL)
 #   scripts/kafka.sh kill DIR N                 kill -9 node N (a crash: no controlled shutdown)
 #   scripts/kafka.sh stop-node DIR N            TERM node N (controlled shutdown: its leaderships
 #                                               move away before it stops); waits until it exits
-#   scripts/kafka.sh start-node DIR N           start node N again (same ports, same data)
-# Cluster settings (write_node_config): replication factor 3, min.insync.replicas=2,
-# broker.session.timeout.ms=6000, broker.heartbeat.interval.ms=1000,
-# replica.lag.time.max.ms=5000; per-node heap KAFKA_CLUSTER_HEAP_OPTS (default
-# -Xms128m -Xmx384m), serial GC.
+#   scripts/kafka.sh start-node DIR N           start node N again (same ports, same data,
+#                                               same profile); waits until it serves metadata
+#   scripts/kafka.sh launch-node DIR N          the same, but returns at once (no readiness wait)
+#   scripts/kafka.sh plain-producer BOOTSTRAP TOPIC RATE ACKFILE WATCHFILE WATCH_TOPIC...
+#                                               a plain Java producer (acks=all, otherwise the
+#                                               client's defaults) and a leader/ISR watcher until
+#                                               SIGTERM, see scripts/kafka/PlainProducer.java
+# Cluster settings (write_node_config): replication factor 3, min.insync.replicas=2; the
+# `tuned` profile adds broker.session.timeout.ms=6000, broker.heartbeat.interval.ms=1000,
+# replica.lag.time.max.ms=5000, `defaults` leaves those three at Kafka's defaults (9000,
+# 2000, 30000); per-node heap KAFKA_CLUSTER_HEAP_OPTS (default -Xms128m -Xmx384m), serial GC.
 #
 # Environment: KAFKA_CACHE_DIR (default ~/.cache/booking-expiration/kafka-4.4.0),
 # KAFKA_START_TIMEOUT (s, default 90), KAFKA_HEAP_OPTS (default -Xms256m -Xmx512m),
@@ -346,9 +355,11 @@ cmd_describe_topic() {
 
 # --- three-broker cluster ---------------------------------------------------------------
 
-# write_node_config DIR N P1 P2 P3: node N of the cluster whose PLAINTEXT ports are P1..P3
-# (controller ports P1+1..P3+1). The timing values are what the fault tests' goals are
-# measured against (docs/reliability.md, "A Kafka cluster under faults"):
+# write_node_config DIR N P1 P2 P3 PROFILE: node N of the cluster whose PLAINTEXT ports are
+# P1..P3 (controller ports P1+1..P3+1). PROFILE `tuned` adds the three timing lines below,
+# `defaults` leaves them out (Kafka's defaults; everything else identical). The timing
+# values are what the fault tests' goals are measured against (docs/reliability.md,
+# "A Kafka cluster under faults"):
 # - broker.session.timeout.ms=6000 (default 9000), broker.heartbeat.interval.ms=1000
 #   (default 2000): the controller fences a crashed broker, and moves its leaderships,
 #   6 s after its last heartbeat.
@@ -357,13 +368,19 @@ cmd_describe_topic() {
 # - Controlled shutdown is what KRaft does on SIGTERM: the broker asks the controller to
 #   move its leaderships away and stops only then.
 write_node_config() {
-  local dir="$1" n="$2" ports=("$3" "$4" "$5") voters="" i
+  local dir="$1" n="$2" ports=("$3" "$4" "$5") profile="$6" voters="" i tuned=""
   for i in 1 2 3; do
     voters+="${voters:+,}$i@127.0.0.1:$(( ports[i-1] + 1 ))"
   done
   local port="${ports[n-1]}" cport=$(( ports[n-1] + 1 ))
+  case "$profile" in
+    tuned) tuned=$'broker.session.timeout.ms=6000\nbroker.heartbeat.interval.ms=1000\nreplica.lag.time.max.ms=5000\n' ;;
+    defaults) ;;
+    *) die "bad cluster profile '$profile' (tuned or defaults)" ;;
+  esac
   cat >"$dir/server.properties" <<EOF
 # written by scripts/kafka.sh start-cluster: node $n of a three-node KRaft test cluster
+# (profile $profile)
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$voters
@@ -374,10 +391,7 @@ controller.listener.names=CONTROLLER
 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 $(topic_defaults "$dir" 3 2)
 unclean.leader.election.enable=false
-broker.session.timeout.ms=6000
-broker.heartbeat.interval.ms=1000
-replica.lag.time.max.ms=5000
-num.io.threads=2
+${tuned}num.io.threads=2
 num.replica.fetchers=1
 log.retention.hours=168
 EOF
@@ -392,11 +406,21 @@ cluster_dir() { # DIR -> its absolute path, if it holds a cluster
   (cd "$1" && pwd -P)
 }
 
+cluster_profile() { # DIR -> the profile start-cluster recorded (tuned when none)
+  if [[ -f "$1/cluster.profile" ]]; then cat "$1/cluster.profile"; else echo tuned; fi
+}
+
+check_profile() {
+  [[ "$1" == tuned || "$1" == defaults ]] || die "bad cluster profile '$1' (tuned or defaults)"
+}
+
 launch_node() { # DIR N P1 P2 P3: starts the JVM, does not wait
-  local dir="$1" n="$2" ndir
+  local dir="$1" n="$2" ndir profile
   ndir="$(node_dir "$dir" "$n")"
+  profile="$(cluster_profile "$dir")"
+  check_profile "$profile"
   mkdir -p "$ndir"
-  write_node_config "$ndir" "$n" "$3" "$4" "$5"
+  write_node_config "$ndir" "$n" "$3" "$4" "$5" "$profile"
   if [[ ! -f "$ndir/data/meta.properties" ]]; then
     kjava kafka.tools.StorageTool format -t "$(cat "$dir/cluster.id")" -c "$ndir/server.properties" \
       </dev/null >"$ndir/format.log" 2>&1 \
@@ -415,8 +439,9 @@ launch_node() { # DIR N P1 P2 P3: starts the JVM, does not wait
 
 cmd_start_cluster() {
   [[ $# -eq 4 ]] || usage
-  local dir t0 p q n cid ports=("$2" "$3" "$4")
+  local dir t0 p q n cid ports=("$2" "$3" "$4") profile="${KAFKA_CLUSTER_PROFILE:-tuned}"
   for p in "${ports[@]}"; do check_port "$p"; done
+  check_profile "$profile"
   dir="$(abs_dir "$1")"
   t0=$(now_ms)
   ensure_libs
@@ -436,11 +461,12 @@ cmd_start_cluster() {
     echo "$cid" >"$dir/cluster.id"
   fi
   echo "${ports[*]}" >"$dir/cluster.ports"
+  echo "$profile" >"$dir/cluster.profile"
   for n in 1 2 3; do launch_node "$dir" "$n" "${ports[@]}"; done
   for n in 1 2 3; do
     wait_ready "$(node_dir "$dir" "$n")" "${ports[n-1]}" "$(cat "$(node_dir "$dir" "$n")/kafka.pid")"
   done
-  log "cluster ready on 127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]} (state in $dir) in $(since "$t0")"
+  log "cluster ($profile) ready on 127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]} (state in $dir) in $(since "$t0")"
 }
 
 cmd_stop_cluster() {
@@ -490,6 +516,19 @@ cmd_start_node() {
   log "node $2 ready on 127.0.0.1:${ports[$2-1]} in $(since "$t0")"
 }
 
+cmd_launch_node() {
+  [[ $# -eq 2 ]] || usage
+  check_node "$2"
+  local dir ndir ports
+  dir="$(cluster_dir "$1")"
+  ndir="$(node_dir "$dir" "$2")"
+  ensure_libs
+  read -r -a ports <"$dir/cluster.ports"
+  if pid_of "$ndir" >/dev/null; then die "node $2 of $dir already runs"; fi
+  launch_node "$dir" "$2" "${ports[@]}"
+  log "node $2 launched (pid $(cat "$ndir/kafka.pid"), not waiting until it is ready)"
+}
+
 cmd_alter_topic_config() {
   [[ $# -eq 3 ]] || usage
   check_port "$1"
@@ -533,6 +572,14 @@ cmd_consume() {
   kjava "$KDIR/DumpTopic.java" "127.0.0.1:$1" "${@:2}" </dev/null
 }
 
+# exec: a SIGTERM to this script's pid reaches the JVM (its shutdown hook flushes the files).
+cmd_plain_producer() {
+  [[ $# -ge 6 ]] || usage
+  [[ "$3" =~ ^[0-9]+$ && "$3" -ge 1 ]] || die "bad rate '$3'"
+  ensure_libs
+  exec "${KJAVA[@]}" "$KDIR/PlainProducer.java" "$@" </dev/null
+}
+
 main() {
   [[ $# -ge 1 ]] || usage
   local cmd="$1"
@@ -556,6 +603,8 @@ main() {
     kill) cmd_kill_node "$@" ;;
     stop-node) cmd_stop_node "$@" ;;
     start-node) cmd_start_node "$@" ;;
+    launch-node) cmd_launch_node "$@" ;;
+    plain-producer) cmd_plain_producer "$@" ;;
     classpath) [[ $# -eq 0 ]] || usage; ensure_libs; echo "$LIBS/*" ;;
     -h|--help|help) usage 0 ;;
     *) log "unknown command '$cmd'"; usage ;;

@@ -1,15 +1,17 @@
 //! Apache Kafka: a throwaway broker (`scripts/kafka.sh`) that stops on drop,
-//! a client, fresh topics, reading a topic back, and the partitions Kafka's
-//! Java client computes for keys.
+//! a client, fresh topics, reading a topic back, the partitions Kafka's
+//! Java client computes for keys, a three-node cluster and a plain Java
+//! producer that watches its leaders and in-sync replicas.
 
 use std::{
     collections::BTreeMap,
     io::Write,
     path::{Path, PathBuf},
-    process::Stdio,
+    process::{Child, Stdio},
+    time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use rskafka::client::{Client, ClientBuilder, partition::UnknownTopicHandling};
 
 use crate::scripts::{run_script, script};
@@ -196,6 +198,27 @@ pub fn java_partitions(keys: &[String], partitions: i32) -> Result<BTreeMap<Stri
 pub struct Cluster {
     dir: PathBuf,
     ports: Vec<u16>,
+    profile: ClusterProfile,
+}
+
+/// The brokers' timing settings (`KAFKA_CLUSTER_PROFILE` of
+/// `scripts/kafka.sh start-cluster`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterProfile {
+    /// `broker.session.timeout.ms=6000`, `broker.heartbeat.interval.ms=1000`,
+    /// `replica.lag.time.max.ms=5000`.
+    Tuned,
+    /// Kafka's defaults for those three (9000, 2000, 30000).
+    Defaults,
+}
+
+impl ClusterProfile {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Tuned => "tuned",
+            Self::Defaults => "defaults",
+        }
+    }
 }
 
 /// One partition as the cluster describes it.
@@ -208,25 +231,45 @@ pub struct PartitionState {
 }
 
 impl Cluster {
-    /// Starts three nodes on three free port pairs; returns once all serve metadata.
+    /// Starts three nodes (the tuned profile) on three free port pairs;
+    /// returns once all serve metadata.
     pub fn start(dir: &Path) -> Result<Self> {
+        Self::start_with(dir, ClusterProfile::Tuned)
+    }
+
+    /// [`Cluster::start`] with the brokers' timing settings of `profile`
+    /// (nodes started again later keep it).
+    pub fn start_with(dir: &Path, profile: ClusterProfile) -> Result<Self> {
         let ports = crate::scripts::free_port_pairs(3);
         let cluster = Self {
             dir: dir.to_owned(),
             ports,
+            profile,
         };
         let ports: Vec<String> = cluster.ports.iter().map(u16::to_string).collect();
-        run_script(
-            "kafka.sh",
-            &[
+        let out = script("kafka.sh")
+            .env("KAFKA_CLUSTER_PROFILE", profile.as_str())
+            .args([
                 "start-cluster",
                 dir_str(&cluster.dir)?,
                 &ports[0],
                 &ports[1],
                 &ports[2],
-            ],
-        )?;
+            ])
+            .output()
+            .context("run scripts/kafka.sh start-cluster")?;
+        ensure!(
+            out.status.success(),
+            "scripts/kafka.sh start-cluster ({}) failed:\n{}",
+            profile.as_str(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         Ok(cluster)
+    }
+
+    /// The profile the cluster was started with.
+    pub fn profile(&self) -> ClusterProfile {
+        self.profile
     }
 
     /// All three addresses.
@@ -263,6 +306,11 @@ impl Cluster {
     /// Starts node `node` again and waits until it serves metadata.
     pub fn start_node(&self, node: i32) -> Result<()> {
         self.node_command("start-node", node)
+    }
+
+    /// Starts node `node` again and returns at once (it is not ready yet).
+    pub fn launch_node(&self, node: i32) -> Result<()> {
+        self.node_command("launch-node", node)
     }
 
     /// Creates `topic` with replication factor 3 and `min.insync.replicas=2`.
@@ -337,5 +385,170 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_all();
+    }
+}
+
+/// A leader/ISR observation of one partition by [`PlainProducer`]'s watcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    /// Epoch milliseconds when the describe request that saw it was sent.
+    pub at_ms: i64,
+    /// Node id of the leader; -1 when there is none.
+    pub leader: i32,
+    pub isr: Vec<i32>,
+}
+
+/// `scripts/kafka.sh plain-producer`: a plain Java producer (the client's
+/// defaults plus acks=all) publishing `rate` records a second to its own
+/// topic, and a watcher of the leaders and ISRs of the watched topics
+/// (`scripts/kafka/PlainProducer.java`). Stopped with SIGTERM on
+/// [`PlainProducer::stop`] or drop.
+#[derive(Debug)]
+pub struct PlainProducer {
+    child: Option<Child>,
+    ack_file: PathBuf,
+    watch_file: PathBuf,
+    stderr_file: PathBuf,
+}
+
+impl PlainProducer {
+    /// Starts it; its files go into `dir` (named after `topic`).
+    pub fn start(
+        bootstrap: &[String],
+        topic: &str,
+        rate: u32,
+        dir: &Path,
+        watch: &[&str],
+    ) -> Result<Self> {
+        let ack_file = dir.join(format!("{topic}.acks"));
+        let watch_file = dir.join(format!("{topic}.watch"));
+        let stderr_file = dir.join(format!("{topic}.stderr"));
+        let stderr = std::fs::File::create(&stderr_file)
+            .with_context(|| stderr_file.display().to_string())?;
+        let child = script("kafka.sh")
+            .arg("plain-producer")
+            .arg(bootstrap.join(","))
+            .arg(topic)
+            .arg(rate.to_string())
+            .arg(&ack_file)
+            .arg(&watch_file)
+            .args(watch)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .context("run scripts/kafka.sh plain-producer")?;
+        Ok(Self {
+            child: Some(child),
+            ack_file,
+            watch_file,
+            stderr_file,
+        })
+    }
+
+    /// Waits until the first acknowledgement is in the ack file and the
+    /// watcher has described the topics once.
+    pub fn wait_producing(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+            if size(&self.ack_file) > 0 && size(&self.watch_file) > 0 {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("the plain producer exited ({status}):\n{}", self.stderr());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "the plain producer acknowledged nothing within {timeout:?}:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGTERM, then waits until it exited (its shutdown hook flushes the
+    /// files); killed after 30 s.
+    pub fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("the plain producer did not exit within 30 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// What it wrote to stderr.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_file).unwrap_or_default()
+    }
+
+    /// Per partition, the acknowledgement times (epoch milliseconds) in order.
+    pub fn acks(&self) -> Result<BTreeMap<i32, Vec<i64>>> {
+        let text = std::fs::read_to_string(&self.ack_file)
+            .with_context(|| self.ack_file.display().to_string())?;
+        let mut acks: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+        // A line cut short by a kill is not an acknowledgement.
+        for line in text.lines() {
+            let Some((partition, at)) = line.split_once('\t') else {
+                continue;
+            };
+            let (Ok(partition), Ok(at)) = (partition.parse(), at.parse()) else {
+                continue;
+            };
+            acks.entry(partition).or_default().push(at);
+        }
+        for times in acks.values_mut() {
+            times.sort_unstable();
+        }
+        Ok(acks)
+    }
+
+    /// Per (topic, partition), the watcher's observations in time order:
+    /// the first one and every change of leader or ISR.
+    pub fn timelines(&self) -> Result<BTreeMap<(String, i32), Vec<Observed>>> {
+        let text = std::fs::read_to_string(&self.watch_file)
+            .with_context(|| self.watch_file.display().to_string())?;
+        let mut out: BTreeMap<(String, i32), Vec<Observed>> = BTreeMap::new();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split('\t').collect();
+            let [at, topic, partition, leader, isr] = fields[..] else {
+                continue;
+            };
+            let (Ok(at_ms), Ok(partition), Ok(leader)) =
+                (at.parse(), partition.parse(), leader.parse())
+            else {
+                continue;
+            };
+            let isr = isr
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::parse)
+                .collect::<Result<_, _>>()?;
+            out.entry((topic.to_owned(), partition))
+                .or_default()
+                .push(Observed { at_ms, leader, isr });
+        }
+        for timeline in out.values_mut() {
+            timeline.sort_by_key(|o| o.at_ms);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for PlainProducer {
+    fn drop(&mut self) {
+        let _ = self.stop();
     }
 }
