@@ -19,10 +19,12 @@
 //!
 //! Partitions do not wait for each other: once one partition of a call is
 //! acknowledged, a partition still failing or unanswered gets
-//! [`STRAGGLER_GRACE`] (or as long again as the first one took, up to 1 s)
+//! [`STRAGGLER_GRACE`] (or as long again as the first one took, up to
+//! 500 ms)
 //! and is then cut short. Its records stay pending for the next batch, the
 //! others' acknowledgements count, and the connection stays (only that
-//! partition's leader is looked up again first), so a leader moving off
+//! partition's leader is looked up again first, and its retry pause goes
+//! on growing from where the cut call left it), so a leader moving off
 //! one broker stalls that broker's partitions, not the topic.
 
 mod errors;
@@ -55,7 +57,7 @@ use crate::{
     config::{Compression, KafkaSettings, SaslMechanism},
     telemetry::{ErrorChain, metrics::ReasonLabel},
 };
-use produce::{Budget, Target, produce_partition};
+use produce::{Budget, PartitionState, Target, produce_partition};
 use tls_bridge::{TlsBridge, connect_operation, security_failure};
 
 pub use errors::{
@@ -106,7 +108,7 @@ pub const STRAGGLER_GRACE: Duration = Duration::from_millis(250);
 /// The grace never exceeds this, however long the first partition took (a
 /// call that waited seconds for the cluster does not give a partition
 /// whose leader is gone that long again).
-const STRAGGLER_GRACE_MAX: Duration = Duration::from_secs(1);
+const STRAGGLER_GRACE_MAX: Duration = Duration::from_millis(500);
 
 /// A partition's client: `None` when its leader could not be reached when
 /// the topic was loaded (the produce looks it up first).
@@ -114,9 +116,8 @@ type Slot = Option<Arc<PartitionClient>>;
 
 struct TopicPartitions {
     partitions: Vec<Slot>,
-    /// Partitions whose last call ended on an error that put the leader in
-    /// doubt: their next produce looks the leader up again first.
-    suspect: Vec<bool>,
+    /// What each partition's last call left for the next.
+    state: Vec<PartitionState>,
     fetched_at: Instant,
 }
 
@@ -321,7 +322,7 @@ impl KafkaSink {
             return Err(error);
         }
         Ok(TopicPartitions {
-            suspect: vec![false; partitions.len()],
+            state: vec![PartitionState::default(); partitions.len()],
             partitions,
             fetched_at: Instant::now(),
         })
@@ -358,7 +359,7 @@ impl KafkaSink {
         guard: &mut Option<Connection>,
         topic: &str,
         budget: &Budget,
-    ) -> Result<(Vec<Slot>, Vec<bool>), KafkaError> {
+    ) -> Result<(Vec<Slot>, Vec<PartitionState>), KafkaError> {
         if guard.is_none() {
             *guard = Some(Connection {
                 client: self.connect(budget).await?,
@@ -400,7 +401,7 @@ impl KafkaSink {
                             )
                             .await?;
                         known.partitions.push(Some(Arc::new(client)));
-                        known.suspect.push(false);
+                        known.state.push(PartitionState::default());
                     }
                     known.fetched_at = Instant::now();
                 }
@@ -416,7 +417,7 @@ impl KafkaSink {
             Some(_) => {}
         }
         let known = &connection.topics[topic];
-        Ok((known.partitions.clone(), known.suspect.clone()))
+        Ok((known.partitions.clone(), known.state.clone()))
     }
 
     /// Produces records to `topic`, each to the partition the Java client
@@ -444,7 +445,7 @@ impl KafkaSink {
             Ok(guard) => guard,
             Err(error) => return Produced::failed(n, error.into()),
         };
-        let (partitions, suspect) = match self.partitions_locked(&mut guard, topic, &budget).await {
+        let (partitions, state) = match self.partitions_locked(&mut guard, topic, &budget).await {
             Ok(known) => known,
             Err(error) => {
                 *guard = None;
@@ -457,7 +458,7 @@ impl KafkaSink {
         let (produced, outcomes) = self
             .produce_to(
                 &connection.client,
-                (&partitions, &suspect),
+                (&partitions, state),
                 topic,
                 records,
                 &budget,
@@ -481,8 +482,8 @@ impl KafkaSink {
                 {
                     *slot = Some(client);
                 }
-                if let Some(slot) = known.suspect.get_mut(index) {
-                    *slot = outcome.leader_suspect;
+                if let Some(slot) = known.state.get_mut(index) {
+                    *slot = outcome.state;
                 }
             }
         }
@@ -492,7 +493,7 @@ impl KafkaSink {
     async fn produce_to(
         &self,
         client: &Client,
-        (partitions, suspect): (&[Slot], &[bool]),
+        (partitions, state): (&[Slot], Vec<PartitionState>),
         topic: &str,
         records: Vec<OutgoingRecord>,
         budget: &Budget,
@@ -531,9 +532,9 @@ impl KafkaSink {
                     sink: self,
                     refreshed,
                     cut,
-                    find_leader: suspect[partition as usize],
                 };
-                produce_partition(target, current, records)
+                let state = state[partition as usize].clone();
+                produce_partition(target, current, state, records)
             })
             .collect();
         let mut produced = Produced {
@@ -578,7 +579,7 @@ impl KafkaSink {
             outcomes.push(Settled {
                 partition: outcome.partition,
                 settled,
-                leader_suspect: outcome.leader_suspect,
+                state: outcome.state,
                 replaced: outcome.replaced,
             });
         }
@@ -591,7 +592,7 @@ struct Settled {
     partition: i32,
     /// Every record acknowledged or refused.
     settled: bool,
-    leader_suspect: bool,
+    state: PartitionState,
     replaced: Option<Arc<PartitionClient>>,
 }
 

@@ -29,6 +29,29 @@ use crate::{
     telemetry::ErrorChain,
 };
 
+/// What a partition's last call leaves for its next one (kept per
+/// partition on the connection).
+#[derive(Debug, Clone)]
+pub(super) struct PartitionState {
+    /// The last call ended on an error that puts the leader in doubt: the
+    /// next call looks the leader up again before it sends.
+    pub(super) leader_suspect: bool,
+    /// The pause before the next retry of a partition that keeps failing
+    /// goes on growing across calls (a call cut short after its grace does
+    /// not start the partition's retries over at [`RETRY_MIN`]); reset
+    /// once the partition is acknowledged.
+    pub(super) retry: Backoff,
+}
+
+impl Default for PartitionState {
+    fn default() -> Self {
+        Self {
+            leader_suspect: false,
+            retry: Backoff::new(RETRY_MIN, RETRY_MAX),
+        }
+    }
+}
+
 /// What one partition's produce did, record by record (by index into the
 /// call's records).
 #[derive(Default)]
@@ -40,9 +63,8 @@ pub(super) struct PartitionOutcome {
     /// A partition client built during the call (the leader looked up
     /// again), to keep for the next calls.
     pub(super) replaced: Option<Arc<PartitionClient>>,
-    /// The partition ended on an error that puts its leader in doubt: the
-    /// next call looks the leader up again before it sends.
-    pub(super) leader_suspect: bool,
+    /// What the next call of this partition starts from.
+    pub(super) state: PartitionState,
 }
 
 impl PartitionOutcome {
@@ -115,9 +137,6 @@ pub(super) struct Target<'a> {
     /// mid-write is finished in the background), so the connection stays
     /// usable.
     pub(super) cut: &'a CancellationToken,
-    /// Look the leader up again before the first send (the previous call
-    /// ended on an error that put it in doubt).
-    pub(super) find_leader: bool,
 }
 
 /// Whether the leader is looked up again before retrying after `error`:
@@ -174,6 +193,7 @@ pub(super) async fn refresh_metadata(
 pub(super) async fn produce_partition(
     target: Target<'_>,
     mut current: Option<Arc<PartitionClient>>,
+    state: PartitionState,
     records: Vec<(usize, Record)>,
 ) -> PartitionOutcome {
     let Target {
@@ -185,16 +205,19 @@ pub(super) async fn produce_partition(
         sink,
         refreshed,
         cut,
-        find_leader,
     } = target;
-    // No client yet (its leader could not be reached when the topic was
-    // loaded): look the leader up first.
-    let mut find_leader = find_leader || current.is_none();
+    let PartitionState {
+        leader_suspect: suspect,
+        retry: mut backoff,
+    } = state;
+    // The leader in doubt after the last call, or no client yet (its
+    // leader could not be reached when the topic was loaded): look the
+    // leader up first.
+    let mut find_leader = suspect || current.is_none();
     let mut outcome = PartitionOutcome {
         partition,
         ..PartitionOutcome::default()
     };
-    let mut backoff = Backoff::new(RETRY_MIN, RETRY_MAX);
     let mut pause = backoff.next_delay();
     let mut failed_at = tokio::time::Instant::now();
     // Chunks still to send, the next one last.
@@ -307,7 +330,7 @@ pub(super) async fn produce_partition(
                     () = cut.cancelled() => {
                         // Cut during the pause: the error stands, the
                         // leader stays suspect for the next call.
-                        outcome.leader_suspect = find_leader;
+                        outcome.state.leader_suspect = find_leader;
                         outcome
                             .deliveries
                             .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
@@ -320,13 +343,16 @@ pub(super) async fn produce_partition(
                 chunks.push(chunk);
             }
             None => {
-                outcome.leader_suspect = leader_suspect(&error);
+                outcome.state.leader_suspect = leader_suspect(&error);
                 outcome
                     .deliveries
                     .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
                 outcome.error = Some(error);
             }
         }
+    }
+    if outcome.error.is_some() {
+        outcome.state.retry = backoff;
     }
     outcome
 }
