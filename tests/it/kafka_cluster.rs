@@ -53,7 +53,10 @@
 //! two clusters never run at once. `KAFKA_CLUSTER_SCENARIOS=kill,rolling,
 //! down,partitions` and `KAFKA_CLUSTER_PROFILES=tuned,defaults` limit what
 //! runs; `KAFKA_CLUSTER_LOG_DIR=…` keeps the worker's, the brokers' and the
-//! watcher's logs there.
+//! watcher's logs there. The test is `#[ignore]`d in the parallel suite
+//! (its goals are sub-second timings); `scripts/test.sh` runs it alone
+//! after the suite. By hand: `bash scripts/test.sh --test it kafka_cluster
+//! -- --include-ignored --nocapture`.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -704,6 +707,7 @@ async fn sleep_until_ms(t: i64) {
 
 /// The scenarios on the tuned cluster, then on the defaults one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "sub-second goals: scripts/test.sh runs it alone after the suite"]
 async fn three_brokers_under_faults() {
     let started = Instant::now();
     // KAFKA_CLUSTER_SCENARIOS=rolling,… / KAFKA_CLUSTER_PROFILES=defaults
