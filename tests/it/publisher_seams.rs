@@ -290,6 +290,30 @@ async fn shutdown_with_a_failing_produce_in_flight_leaves_the_rows_unpublished()
 
 // ---- backoff ----
 
+/// Runs the publisher (woken by `wake`) until every row is published;
+/// returns the time between its first two produce calls.
+async fn run_until_published(
+    db: &TestDb,
+    rig: &Rig<MemorySink>,
+    sink: &MemorySink,
+    wake: Arc<Notify>,
+) -> Duration {
+    let token = CancellationToken::new();
+    let run = {
+        let (publisher, token) = (rig.publisher.clone(), token.clone());
+        tokio::spawn(async move { publisher.run(wake, token).await })
+    };
+    wait_until("every row to publish", Duration::from_secs(5), || async {
+        unpublished(db).await == 0
+    })
+    .await;
+    token.cancel();
+    run.await.unwrap();
+    let started = sink.produce_started();
+    assert!(started.len() >= 2, "{} produce calls", started.len());
+    started[1] - started[0]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_failure_the_next_attempt_waits_for_the_backoff_not_a_commit() {
     let db = TestDb::new().await;
@@ -300,20 +324,7 @@ async fn after_a_failure_the_next_attempt_waits_for_the_backoff_not_a_commit() {
     // A commit notification is already waiting when the first attempt fails.
     let wake = Arc::new(Notify::new());
     wake.notify_one();
-    let token = CancellationToken::new();
-    let run = {
-        let (publisher, wake, token) = (rig.publisher.clone(), Arc::clone(&wake), token.clone());
-        tokio::spawn(async move { publisher.run(wake, token).await })
-    };
-    wait_until("the retry to publish", Duration::from_secs(5), || async {
-        unpublished(&db).await == 0
-    })
-    .await;
-    token.cancel();
-    run.await.unwrap();
-    let started = sink.produce_started();
-    assert!(started.len() >= 2, "{} produce calls", started.len());
-    let gap = started[1] - started[0];
+    let gap = run_until_published(&db, &rig, &sink, wake).await;
     // The first backoff step is 100 ms, jittered to between 50 and 100 ms;
     // the 30 s poll interval cannot be what ended the wait.
     assert!(
@@ -334,20 +345,7 @@ async fn after_a_partly_acknowledged_batch_the_rest_goes_at_once() {
     let sink = MemorySink::new();
     sink.partial_next(6);
     let rig = rig(db.pool.clone(), sink.clone(), settings(100, 1));
-    let token = CancellationToken::new();
-    let run = {
-        let (publisher, token) = (rig.publisher.clone(), token.clone());
-        tokio::spawn(async move { publisher.run(Arc::new(Notify::new()), token).await })
-    };
-    wait_until("the rest to publish", Duration::from_secs(5), || async {
-        unpublished(&db).await == 0
-    })
-    .await;
-    token.cancel();
-    run.await.unwrap();
-    let started = sink.produce_started();
-    assert!(started.len() >= 2, "{} produce calls", started.len());
-    let gap = started[1] - started[0];
+    let gap = run_until_published(&db, &rig, &sink, Arc::new(Notify::new())).await;
     // A backoff would be at least 50 ms (see the test above).
     assert!(gap < Duration::from_millis(50), "rest sent after {gap:?}");
     assert_eq!(
