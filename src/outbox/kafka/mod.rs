@@ -20,12 +20,11 @@
 //! Partitions do not wait for each other: once one partition of a call is
 //! acknowledged, a partition still failing or unanswered gets
 //! [`STRAGGLER_GRACE`] (or as long again as the first one took, up to
-//! 500 ms)
-//! and is then cut short. Its records stay pending for the next batch, the
-//! others' acknowledgements count, and the connection stays (only that
-//! partition's leader is looked up again first, and its retry pause goes
-//! on growing from where the cut call left it), so a leader moving off
-//! one broker stalls that broker's partitions, not the topic.
+//! 500 ms) and is then cut short. Its records stay pending for the next
+//! batch, the others' acknowledgements count, and the connection stays
+//! (only that partition's leader is looked up again first, and its retry
+//! pause goes on growing from where the cut call left it), so a leader
+//! moving off one broker stalls that broker's partitions, not the topic.
 
 mod errors;
 mod produce;
@@ -99,10 +98,11 @@ const RETRY_FLOOR: Duration = Duration::from_millis(250);
 /// How long a call waits, after its first partition was acknowledged, for
 /// partitions still failing or unanswered (at least; as long again as that
 /// first partition took when that is longer, up to
-/// [`STRAGGLER_GRACE_MAX`], so a uniformly slow cluster cuts nothing). Then they are cut short and go again with the next
-/// batch. A plain Kafka producer sends each partition's batches on their
-/// own; this bounds how long one partition whose leader is moving holds up
-/// the others to about this much.
+/// [`STRAGGLER_GRACE_MAX`], so a uniformly slow cluster cuts nothing).
+/// Then they are cut short and go again with the next batch. A plain Kafka
+/// producer sends each partition's batches on their own; this bounds how
+/// long one partition whose leader is moving holds up the others to about
+/// this much.
 pub const STRAGGLER_GRACE: Duration = Duration::from_millis(250);
 
 /// The grace never exceeds this, however long the first partition took (a
