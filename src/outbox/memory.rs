@@ -1,8 +1,9 @@
 //! An in-memory [`Sink`] for tests whose subject is not the broker (claim
 //! and mark, lanes, shutdown, backoff): it records what was produced, fails
-//! when told to (wholly, after acknowledging part of a call, or by refusing
-//! given keys for good), holds produce calls until released, and counts how
-//! many produce calls were in flight at once.
+//! when told to (wholly, after acknowledging part of a call, by leaving
+//! given keys pending, or by refusing given keys for good), holds produce
+//! calls until released, and counts how many produce calls were in flight
+//! at once.
 
 use std::{
     sync::{Arc, Mutex, MutexGuard},
@@ -47,6 +48,9 @@ struct State {
     partial_next: Option<usize>,
     /// Records with these keys are refused for good.
     refused_keys: Vec<String>,
+    /// Records with these keys are not acknowledged (a partition that
+    /// cannot be written): they stay pending.
+    unwritable_keys: Vec<String>,
     check_failing: bool,
     checks: usize,
     latency: Duration,
@@ -124,6 +128,12 @@ impl MemorySink {
         self.state().refused_keys = keys;
     }
 
+    /// Records with these keys stay pending (a partition that cannot be
+    /// written while the others can) until this is called again.
+    pub fn set_unwritable_keys(&self, keys: Vec<String>) {
+        self.state().unwritable_keys = keys;
+    }
+
     /// Every produce call fails until `set_failing(false)`.
     pub fn set_failing(&self, failing: bool) {
         self.state().failing = failing;
@@ -195,6 +205,12 @@ impl Sink for MemorySink {
                     produced.error = Some(SinkError::Refused("produce"));
                     produced.error_codes.push("CLIENT_REFUSED".to_owned());
                 }
+            } else if state.unwritable_keys.contains(&record.key) {
+                produced.deliveries[index] = Delivery::Pending;
+                if produced.error.is_none() {
+                    produced.error = Some(SinkError::Refused("produce"));
+                }
+                produced.error_codes.push("CLIENT_REFUSED".to_owned());
             } else if state.refused_keys.contains(&record.key) {
                 produced.deliveries[index] = Delivery::Refused(Refusal {
                     code: "MESSAGE_TOO_LARGE".to_owned(),

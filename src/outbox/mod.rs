@@ -2,7 +2,9 @@
 //! Kafka keyed by booking id, mark them published, commit.
 //!
 //! - [`publisher`]: the claim/produce/mark batch, lanes, and `run` (wake-up,
-//!   backoff, shutdown); the broker readiness check.
+//!   backoff, shutdown); the broker readiness check. `held`: the rows a
+//!   partly acknowledged batch left pending, kept out of the next batches
+//!   for a moment so a failing partition does not hold back the others.
 //! - [`sink`]: the [`Sink`] seam; [`kafka`] is the real sink (its
 //!   per-partition produce, Kafka's error codes, and the TLS bridge in
 //!   rooms of their own), [`memory`] an in-memory one for tests whose
@@ -11,6 +13,7 @@
 //! - `listener`: LISTEN for commits, to wake the publisher.
 
 mod backoff;
+mod held;
 pub mod kafka;
 mod listener;
 pub(crate) mod maintenance;

@@ -12,7 +12,7 @@
 
 use std::{
     collections::BTreeMap,
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backoff, KafkaError, KafkaSink,
+    held::HeldBack,
     sink::{Delivery, OutgoingRecord, Refusal, Sink, SinkError},
 };
 use crate::{
@@ -48,6 +49,13 @@ pub const BROKER_RECHECK_INTERVAL: Duration = Duration::from_secs(2);
 pub const BROKER_ERROR_PAUSE_MAX: Duration = Duration::from_millis(500);
 /// The longest pause while the broker cannot be reached.
 pub const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// How long the rows a partly acknowledged batch left pending are kept out
+/// of the next batches (see [`HeldBack`]): the pause between two tries of a
+/// failing partition's backlog (its new rows are tried with every batch).
+pub const HOLD: Duration = Duration::from_millis(500);
+/// At most this many batches' worth of rows are held at once.
+const HELD_BATCHES: usize = 4;
 
 /// The park reason's code for a row that cannot be turned into a record.
 pub const CORRUPT_ROW: &str = "CORRUPT_ROW";
@@ -110,6 +118,8 @@ pub struct Publisher<S = KafkaSink> {
     health: Arc<Health>,
     /// The topic checked for readiness.
     topic: String,
+    /// Rows kept out of the next batches for a moment (shared by lanes).
+    held: Arc<Mutex<HeldBack>>,
 }
 
 impl<S> std::fmt::Debug for Publisher<S> {
@@ -133,6 +143,7 @@ impl<S> Clone for Publisher<S> {
             metrics: Arc::clone(&self.metrics),
             health: Arc::clone(&self.health),
             topic: self.topic.clone(),
+            held: Arc::clone(&self.held),
         }
     }
 }
@@ -146,7 +157,9 @@ impl<S: Sink> Publisher<S> {
             .map(|_| sink.sibling())
             .collect();
         let sinks: Vec<S> = std::iter::once(sink).chain(siblings).collect();
+        let held = HeldBack::new(HELD_BATCHES * settings.batch_size as usize);
         Self {
+            held: Arc::new(Mutex::new(held)),
             pool: context.pool.clone(),
             sinks: sinks.into(),
             checker,
@@ -203,15 +216,32 @@ impl<S: Sink> Publisher<S> {
         let mut conn = self.pool.get().await.map_err(DbError::from)?;
         let limit = self.settings.batch_size;
         let delete = self.settings.retention.is_zero();
-        let (batch, created_at, error) = conn
+        let (batch, created_at, error, pending) = conn
             .transaction(async |conn| {
-                let rows = outbox::claim_unpublished(conn, limit).await?;
+                // Held rows are claimed too (so the batch still gets up to
+                // `limit` others) but not sent; they stay as they are.
+                let held_now = self.held().release(Instant::now());
+                let extra = u32::try_from(held_now).unwrap_or(u32::MAX);
+                let claimed_rows =
+                    outbox::claim_unpublished(conn, limit.saturating_add(extra)).await?;
+                let any_claimed = !claimed_rows.is_empty();
+                let rows: Vec<_> = {
+                    let (held, now) = (self.held(), Instant::now());
+                    claimed_rows
+                        .into_iter()
+                        .filter(|row| !held.holds(row.id, now))
+                        .take(limit as usize)
+                        .collect()
+                };
                 if rows.is_empty() {
-                    // Nothing was sent: says nothing about the broker, but
-                    // nothing waits either, so a past produce failure no
-                    // longer holds readiness back (the check decides).
-                    self.health.record_nothing_waiting();
-                    return Ok::<_, PublishError>((Batch::default(), Vec::new(), None));
+                    if !any_claimed {
+                        // Nothing was sent: says nothing about the broker,
+                        // but nothing waits either, so a past produce
+                        // failure no longer holds readiness back (the check
+                        // decides).
+                        self.health.record_nothing_waiting();
+                    }
+                    return Ok::<_, PublishError>((Batch::default(), Vec::new(), None, Vec::new()));
                 }
                 let claimed = rows.len();
                 let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
@@ -263,6 +293,7 @@ impl<S: Sink> Publisher<S> {
                     .observe(started.elapsed().as_secs_f64());
                 let mut acked = Vec::with_capacity(claimed);
                 let mut acked_created = Vec::with_capacity(claimed);
+                let mut pending = Vec::new();
                 let mut parked = 0;
                 let now = self.clock.now();
                 for (index, delivery) in deliveries.into_iter().enumerate() {
@@ -275,7 +306,7 @@ impl<S: Sink> Publisher<S> {
                             outbox::park(conn, ids[index], &refusal.to_string(), now).await?;
                             parked += 1;
                         }
-                        Delivery::Pending => {}
+                        Delivery::Pending => pending.push(ids[index]),
                     }
                 }
                 if !acked.is_empty() {
@@ -291,9 +322,15 @@ impl<S: Sink> Publisher<S> {
                     claimed,
                     partial: false,
                 };
-                Ok((batch, acked_created, error))
+                Ok((batch, acked_created, error, pending))
             })
             .await?;
+        // A partition failed while others were acknowledged: its rows wait
+        // out the hold, so the next batches carry the others' new rows.
+        if error.is_some() && batch.published > 0 && !pending.is_empty() {
+            let held = self.held().hold(pending, Instant::now() + HOLD);
+            tracing::debug!(held, "rows of failing partitions held back");
+        }
         if batch.published > 0 {
             let acked_at = self.clock.now();
             for created_at in created_at {
@@ -312,6 +349,22 @@ impl<S: Sink> Publisher<S> {
             );
         }
         Ok((batch, error))
+    }
+
+    fn held(&self) -> MutexGuard<'_, HeldBack> {
+        // The holds are plain data: a panic elsewhere leaves them usable.
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// How long to wait for more rows: the poll interval, or less when a
+    /// hold ends before it (those rows are then due).
+    fn idle_wait(&self) -> Duration {
+        let next = self.held().next_release(Instant::now());
+        next.map_or(self.settings.poll_interval, |release| {
+            release.min(self.settings.poll_interval)
+        })
     }
 
     /// Asks the broker about the topic and records the answer as broker
@@ -442,7 +495,7 @@ impl<S: Sink> Publisher<S> {
                 }
                 Ok(_) => {
                     backoff.reset();
-                    (self.settings.poll_interval, true)
+                    (self.idle_wait(), true)
                 }
                 Err(error) => {
                     self.metrics.outbox_publish_errors.inc();
