@@ -26,5 +26,5 @@ pub use kafka::{KafkaError, KafkaSink};
 pub use listener::{ListenError, listen_for_commits};
 pub use maintenance::{LagStats, RetentionSweep};
 pub use memory::MemorySink;
-pub use publisher::{PublishError, Publisher};
+pub use publisher::{HOLD, PublishError, Publisher};
 pub use sink::{OutgoingRecord, Sink, SinkError};
