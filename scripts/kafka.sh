@@ -373,11 +373,10 @@ write_node_config() {
     voters+="${voters:+,}$i@127.0.0.1:$(( ports[i-1] + 1 ))"
   done
   local port="${ports[n-1]}" cport=$(( ports[n-1] + 1 ))
-  case "$profile" in
-    tuned) tuned=$'broker.session.timeout.ms=6000\nbroker.heartbeat.interval.ms=1000\nreplica.lag.time.max.ms=5000\n' ;;
-    defaults) ;;
-    *) die "bad cluster profile '$profile' (tuned or defaults)" ;;
-  esac
+  check_profile "$profile"
+  if [[ "$profile" == tuned ]]; then
+    tuned=$'broker.session.timeout.ms=6000\nbroker.heartbeat.interval.ms=1000\nreplica.lag.time.max.ms=5000\n'
+  fi
   cat >"$dir/server.properties" <<EOF
 # written by scripts/kafka.sh start-cluster: node $n of a three-node KRaft test cluster
 # (profile $profile)
@@ -418,7 +417,6 @@ launch_node() { # DIR N P1 P2 P3: starts the JVM, does not wait
   local dir="$1" n="$2" ndir profile
   ndir="$(node_dir "$dir" "$n")"
   profile="$(cluster_profile "$dir")"
-  check_profile "$profile"
   mkdir -p "$ndir"
   write_node_config "$ndir" "$n" "$3" "$4" "$5" "$profile"
   if [[ ! -f "$ndir/data/meta.properties" ]]; then
@@ -503,6 +501,15 @@ cmd_stop_node() {
 
 cmd_start_node() {
   [[ $# -eq 2 ]] || usage
+  relaunch_node "$1" "$2" wait
+}
+
+cmd_launch_node() {
+  [[ $# -eq 2 ]] || usage
+  relaunch_node "$1" "$2" no-wait
+}
+
+relaunch_node() { # DIR N wait|no-wait: node N of a cluster again (same ports, data, profile)
   check_node "$2"
   local dir ndir ports t0
   dir="$(cluster_dir "$1")"
@@ -512,21 +519,12 @@ cmd_start_node() {
   read -r -a ports <"$dir/cluster.ports"
   if pid_of "$ndir" >/dev/null; then die "node $2 of $dir already runs"; fi
   launch_node "$dir" "$2" "${ports[@]}"
-  wait_ready "$ndir" "${ports[$2-1]}" "$(cat "$ndir/kafka.pid")"
-  log "node $2 ready on 127.0.0.1:${ports[$2-1]} in $(since "$t0")"
-}
-
-cmd_launch_node() {
-  [[ $# -eq 2 ]] || usage
-  check_node "$2"
-  local dir ndir ports
-  dir="$(cluster_dir "$1")"
-  ndir="$(node_dir "$dir" "$2")"
-  ensure_libs
-  read -r -a ports <"$dir/cluster.ports"
-  if pid_of "$ndir" >/dev/null; then die "node $2 of $dir already runs"; fi
-  launch_node "$dir" "$2" "${ports[@]}"
-  log "node $2 launched (pid $(cat "$ndir/kafka.pid"), not waiting until it is ready)"
+  if [[ "$3" == wait ]]; then
+    wait_ready "$ndir" "${ports[$2-1]}" "$(cat "$ndir/kafka.pid")"
+    log "node $2 ready on 127.0.0.1:${ports[$2-1]} in $(since "$t0")"
+  else
+    log "node $2 launched (pid $(cat "$ndir/kafka.pid"), not waiting until it is ready)"
+  fi
 }
 
 cmd_alter_topic_config() {

@@ -199,18 +199,14 @@ impl Sink for MemorySink {
         let acked = state.partial_next.take().unwrap_or(n);
         let mut produced = Produced::all_acked(n);
         for (index, record) in records.into_iter().enumerate() {
-            if index >= acked {
+            // Past a partial acknowledgement, or a partition that cannot be
+            // written: one failed request, the records pending.
+            if index >= acked || state.unwritable_keys.contains(&record.key) {
                 produced.deliveries[index] = Delivery::Pending;
                 if produced.error.is_none() {
                     produced.error = Some(SinkError::Refused("produce"));
                     produced.error_codes.push("CLIENT_REFUSED".to_owned());
                 }
-            } else if state.unwritable_keys.contains(&record.key) {
-                produced.deliveries[index] = Delivery::Pending;
-                if produced.error.is_none() {
-                    produced.error = Some(SinkError::Refused("produce"));
-                }
-                produced.error_codes.push("CLIENT_REFUSED".to_owned());
             } else if state.refused_keys.contains(&record.key) {
                 produced.deliveries[index] = Delivery::Refused(Refusal {
                     code: "MESSAGE_TOO_LARGE".to_owned(),

@@ -126,6 +126,18 @@ fn distinct_ce_ids(sink: &MemorySink) -> usize {
     ids.len()
 }
 
+/// `run` in a task of its own, woken by `wake`, until the token is
+/// cancelled.
+fn spawn_run(
+    rig: &Rig<MemorySink>,
+    wake: Arc<Notify>,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let token = CancellationToken::new();
+    let (publisher, stop) = (rig.publisher.clone(), token.clone());
+    let run = tokio::spawn(async move { publisher.run(wake, stop).await });
+    (token, run)
+}
+
 // ---- claim and mark ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,11 +272,7 @@ async fn shutdown_with_a_produce_in_flight(fail: bool) {
     let sink = MemorySink::new();
     let rig = rig(db.pool.clone(), sink.clone(), settings(100, 2));
     sink.hold();
-    let token = CancellationToken::new();
-    let mut run = {
-        let (publisher, token) = (rig.publisher.clone(), token.clone());
-        tokio::spawn(async move { publisher.run(Arc::new(Notify::new()), token).await })
-    };
+    let (token, mut run) = spawn_run(&rig, Arc::new(Notify::new()));
     wait_until("the produce to start", Duration::from_secs(5), || async {
         sink.in_flight() == 1
     })
@@ -315,11 +323,7 @@ async fn run_until_published(
     sink: &MemorySink,
     wake: Arc<Notify>,
 ) -> Duration {
-    let token = CancellationToken::new();
-    let run = {
-        let (publisher, token) = (rig.publisher.clone(), token.clone());
-        tokio::spawn(async move { publisher.run(wake, token).await })
-    };
+    let (token, run) = spawn_run(rig, wake);
     wait_until("every row to publish", Duration::from_secs(5), || async {
         unpublished(db).await == 0
     })
@@ -388,11 +392,7 @@ async fn a_partition_that_stays_unwritable_does_not_hold_back_the_others() {
     let sink = MemorySink::new();
     sink.set_unwritable_keys(failing.clone());
     let rig = rig(db.pool.clone(), sink.clone(), settings(30, 1));
-    let token = CancellationToken::new();
-    let run = {
-        let (publisher, token) = (rig.publisher.clone(), token.clone());
-        tokio::spawn(async move { publisher.run(Arc::new(Notify::new()), token).await })
-    };
+    let (token, run) = spawn_run(&rig, Arc::new(Notify::new()));
     wait_until(
         "every writable row published",
         Duration::from_secs(10),

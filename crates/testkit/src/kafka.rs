@@ -14,7 +14,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use rskafka::client::{Client, ClientBuilder, partition::UnknownTopicHandling};
 
-use crate::scripts::{run_script, script};
+use crate::scripts::{run, run_script, script};
 
 /// A single-node broker started by `scripts/kafka.sh` in `dir` on
 /// `127.0.0.1:port` (controller on `port + 1`); stopped on drop.
@@ -247,7 +247,8 @@ impl Cluster {
             profile,
         };
         let ports: Vec<String> = cluster.ports.iter().map(u16::to_string).collect();
-        let out = script("kafka.sh")
+        let mut command = script("kafka.sh");
+        command
             .env("KAFKA_CLUSTER_PROFILE", profile.as_str())
             .args([
                 "start-cluster",
@@ -255,15 +256,11 @@ impl Cluster {
                 &ports[0],
                 &ports[1],
                 &ports[2],
-            ])
-            .output()
-            .context("run scripts/kafka.sh start-cluster")?;
-        ensure!(
-            out.status.success(),
-            "scripts/kafka.sh start-cluster ({}) failed:\n{}",
-            profile.as_str(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+            ]);
+        run(
+            command,
+            &format!("scripts/kafka.sh start-cluster ({})", profile.as_str()),
+        )?;
         Ok(cluster)
     }
 

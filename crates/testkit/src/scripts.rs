@@ -27,13 +27,18 @@ pub fn script(name: &str) -> Command {
 /// Runs `bash scripts/NAME ARGS...` and returns its stdout; an error carries
 /// its stderr.
 pub fn run_script(name: &str, args: &[&str]) -> Result<String> {
-    let out = script(name)
-        .args(args)
-        .output()
-        .with_context(|| format!("run scripts/{name}"))?;
+    let mut command = script(name);
+    command.args(args);
+    run(command, &format!("scripts/{name} {args:?}"))
+}
+
+/// Runs `command` (a [`script`] with its arguments and environment set) and
+/// returns its stdout; an error names it as `what` and carries its stderr.
+pub fn run(mut command: Command, what: &str) -> Result<String> {
+    let out = command.output().with_context(|| format!("run {what}"))?;
     ensure!(
         out.status.success(),
-        "scripts/{name} {args:?} failed:\n{}",
+        "{what} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -560,7 +560,8 @@ impl KafkaSink {
                 _ => sends.next().await,
             };
             let Some(outcome) = next else { break };
-            if outcome.settled() && grace_ends.is_none() {
+            let settled = outcome.settled();
+            if settled && grace_ends.is_none() {
                 let grace = started
                     .elapsed()
                     .clamp(STRAGGLER_GRACE, STRAGGLER_GRACE_MAX);
@@ -570,7 +571,6 @@ impl KafkaSink {
                 produced.deliveries[index] = delivery;
             }
             produced.error_codes.extend(outcome.error_codes);
-            let settled = outcome.error.is_none();
             if produced.error.is_none()
                 && let Some(error) = outcome.error
             {

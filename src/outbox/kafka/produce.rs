@@ -72,6 +72,21 @@ impl PartitionOutcome {
     pub(super) fn settled(&self) -> bool {
         self.error.is_none()
     }
+
+    /// `chunk`'s records were not acknowledged: they go with a later call.
+    fn pending(&mut self, chunk: Vec<(usize, Record)>) {
+        self.deliveries
+            .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
+    }
+
+    /// The partition stops at `error` for this call: `chunk` (and every
+    /// chunk after it) stays pending, and the next call looks the leader
+    /// up again first if `error` puts it in doubt.
+    fn give_up(&mut self, chunk: Vec<(usize, Record)>, error: KafkaError) {
+        self.state.leader_suspect = leader_suspect(&error);
+        self.pending(chunk);
+        self.error = Some(error);
+    }
 }
 
 /// The time budget of one call. Every step of a call (waiting for the
@@ -224,9 +239,7 @@ pub(super) async fn produce_partition(
     let mut chunks = vec![records];
     while let Some(mut chunk) = chunks.pop() {
         if outcome.error.is_some() {
-            outcome
-                .deliveries
-                .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
+            outcome.pending(chunk);
             continue;
         }
         let sent = chunk.len();
@@ -328,13 +341,8 @@ pub(super) async fn produce_partition(
                 tokio::select! {
                     biased;
                     () = cut.cancelled() => {
-                        // Cut during the pause: the error stands, the
-                        // leader stays suspect for the next call.
-                        outcome.state.leader_suspect = find_leader;
-                        outcome
-                            .deliveries
-                            .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
-                        outcome.error = Some(error);
+                        // Cut during the pause: the error stands.
+                        outcome.give_up(chunk, error);
                         continue;
                     }
                     () = tokio::time::sleep(pause) => {}
@@ -342,13 +350,7 @@ pub(super) async fn produce_partition(
                 pause = backoff.next_delay();
                 chunks.push(chunk);
             }
-            None => {
-                outcome.state.leader_suspect = leader_suspect(&error);
-                outcome
-                    .deliveries
-                    .extend(chunk.into_iter().map(|(i, _)| (i, Delivery::Pending)));
-                outcome.error = Some(error);
-            }
+            None => outcome.give_up(chunk, error),
         }
     }
     if outcome.error.is_some() {
