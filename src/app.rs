@@ -22,7 +22,7 @@ use crate::{
     context::TaskContext,
     db::{self, DbError, privileges::Use},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
-    outbox::{self, KafkaSink, LagStats, Publisher, RetentionSweep},
+    outbox::{self, LagStats, Publisher, RetentionSweep},
     telemetry::{ErrorChain, Health, Metrics, http},
 };
 
@@ -243,17 +243,17 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         let retention = publisher_settings.retention;
         let publisher = Publisher::new(
             &context,
-            KafkaSink::new(kafka_settings)
-                .with_metadata_refreshes(context.metrics.kafka_metadata_refreshes.clone()),
-            publisher_settings,
+            kafka_settings,
+            &publisher_settings,
             events.topic.clone(),
         );
-        // Three tasks, each with its own schedule: publishing (wake-up,
-        // backoff), the broker readiness check, retention.
-        let (p, stop) = (publisher.clone(), shutdown.clone());
-        tasks.spawn(async move { p.run(wake, stop).await });
+        // Two tasks, each with its own schedule: the publisher's pipeline
+        // (its metadata reads are the broker's readiness check) and
+        // retention.
         let stop = shutdown.clone();
-        tasks.spawn(async move { publisher.run_broker_check(stop).await });
+        tasks.spawn(async move {
+            publisher.run(wake, stop).await;
+        });
         if !retention.is_zero() {
             tasks.spawn(RetentionSweep::new(&context, retention).run(shutdown.clone()));
         }

@@ -124,7 +124,7 @@ pub struct RepublishedEvent {
     pub topic: String,
     pub key: String,
     pub event_id: uuid::Uuid,
-    pub headers: std::collections::BTreeMap<&'static str, String>,
+    pub headers: crate::events::Headers,
     /// The record value (protobuf), hex.
     pub value_hex: String,
 }
@@ -282,7 +282,7 @@ impl Replay<'_> {
                         topic: events.topic.clone(),
                         key: write.message.key.clone(),
                         event_id: write.message.event_id,
-                        headers: write.message.headers.iter().cloned().collect(),
+                        headers: write.message.headers.clone(),
                         value_hex: write
                             .message
                             .payload

@@ -39,7 +39,7 @@ pub const OUTBOX_CONCURRENCY: u32 = 2;
 pub const OUTBOX_RETENTION: Duration = Duration::from_secs(24 * HOUR);
 
 pub const KAFKA_CLIENT_ID: &str = "booking-expiration";
-pub const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const KAFKA_REQUEST_TIMEOUT: Duration = Duration::from_secs(35);
 pub const KAFKA_TOPIC_PARTITIONS: i32 = 3;
 pub const KAFKA_REPLICATION_FACTOR: i16 = 1;
 pub const KAFKA_COMPRESSION: Compression = Compression::None;

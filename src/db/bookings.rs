@@ -12,12 +12,15 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, BigInt, Binary, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Array, BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{
+    DbError,
+    outbox::{self, MessageColumns, OutboxValues},
+};
 use crate::{
     config::EventSettings,
     domain::{
@@ -327,20 +330,29 @@ pub struct ExpiryWrite {
 /// statement. Each update is conditioned on the version and status that
 /// were read, so a row changed by anyone else since is left alone and gets
 /// neither audit nor outbox row. Returns the ids actually expired.
-/// Parameters in order: `$1`–`$12` the per-row arrays, in the order of
-/// `t(…)`; then `$13` as_of, `$14` actor, `$15` run id, `$16` topic,
-/// `$17` written_at, `$18` ce_source.
-const PERSIST_SQL: &str = "\
+/// Parameters in order: `$1`-`$7` the per-booking arrays, in the order of
+/// `t(…)`, `$8`-`$13` the messages' arrays ([`MessageColumns`]); then
+/// `$14` as_of, `$15` actor, `$16` run id, `$17` topic, `$18` written_at,
+/// `$19` ce_source.
+static PERSIST_SQL: LazyLock<String> = LazyLock::new(|| {
+    let queue = outbox::insert_sql(OutboxValues {
+        message: "i",
+        topic: "$17",
+        correlation_id: "$16",
+        created_at: "$18",
+        replay_id: "NULL",
+        from: "FROM input i JOIN updated u ON u.id = i.id",
+    });
+    format!(
+        "\
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::uuid[],
-                         $6::uuid[], $7::text[], $8::bytea[], $9::text[],
-                         $10::bigint[], $11::uuid[], $12::uuid[])
-        AS t(id, read_version, from_status, to_status, tenant_id,
-             event_id, message_key, payload, headers,
-             version, deal_id, property_object_id)
+    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::bigint[],
+                         $6::uuid[], $7::uuid[], {messages})
+        AS t(id, read_version, from_status, to_status, version, deal_id, property_object_id,
+             {names})
 ), updated AS (
     UPDATE bookings b
-       SET status = i.to_status, expired_at = $13, updated_at = $13, version = b.version + 1
+       SET status = i.to_status, expired_at = $14, updated_at = $14, version = b.version + 1
       FROM input i
      WHERE b.id = i.id AND b.version = i.read_version AND b.status = i.from_status
     RETURNING b.id
@@ -348,29 +360,17 @@ WITH input AS (
     INSERT INTO booking_expiration_audit
            (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at,
             version, deal_id, property_object_id, ce_source)
-    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $14, $15, $13,
-           i.version, i.deal_id, i.property_object_id, $18
+    SELECT i.id, i.tenant_id, i.from_status, i.to_status, $15, $16, $14,
+           i.version, i.deal_id, i.property_object_id, $19
       FROM input i JOIN updated u ON u.id = i.id
 ), queued AS (
-    INSERT INTO booking_expiration_outbox
-           (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
-    SELECT i.event_id, $16, i.message_key, i.payload, i.headers::json, $15, i.tenant_id, $17
-      FROM input i JOIN updated u ON u.id = i.id
+    {queue}
 )
-SELECT id FROM updated";
-
-/// The headers as one JSON object, written straight from the pairs (no
-/// intermediate `serde_json::Value` per row); the statement casts it to
-/// `json`, which keeps the text as written.
-pub(crate) fn headers_json(headers: &[(&'static str, String)]) -> Result<String, DbError> {
-    struct Object<'a>(&'a [(&'static str, String)]);
-    impl serde::Serialize for Object<'_> {
-        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-            serializer.collect_map(self.0.iter().map(|(name, value)| (name, value)))
-        }
-    }
-    serde_json::to_string(&Object(headers)).map_err(|e| DbError::Encode(e.to_string()))
-}
+SELECT id FROM updated",
+        messages = MessageColumns::params(8),
+        names = MessageColumns::NAMES,
+    )
+});
 
 #[derive(QueryableByName)]
 struct UpdatedId {
@@ -398,42 +398,30 @@ pub async fn persist_expiries(
     let mut read_versions = Vec::with_capacity(n);
     let mut from_statuses = Vec::with_capacity(n);
     let mut to_statuses = Vec::with_capacity(n);
-    let mut tenant_ids = Vec::with_capacity(n);
-    let mut event_ids = Vec::with_capacity(n);
-    let mut keys = Vec::with_capacity(n);
-    let mut payloads = Vec::with_capacity(n);
-    let mut headers = Vec::with_capacity(n);
     let mut versions = Vec::with_capacity(n);
     let mut deal_ids = Vec::with_capacity(n);
     let mut property_object_ids = Vec::with_capacity(n);
+    let mut messages = MessageColumns::with_capacity(n);
     for write in writes {
         let event = &write.expiry.event;
         ids.push(event.booking_id.as_uuid());
         read_versions.push(write.read_version);
         from_statuses.push(event.from_status.as_str());
         to_statuses.push(event.to_status.as_str());
-        tenant_ids.push(event.tenant_id.as_uuid());
-        event_ids.push(write.message.event_id);
-        keys.push(write.message.key.as_str());
-        payloads.push(write.message.payload.as_slice());
-        headers.push(headers_json(&write.message.headers)?);
         versions.push(event.version);
         deal_ids.push(event.deal_id.as_uuid());
         property_object_ids.push(event.property_object_id.as_uuid());
+        messages.push(&write.message);
     }
-    let updated: Vec<UpdatedId> = diesel::sql_query(PERSIST_SQL)
+    let query = diesel::sql_query(PERSIST_SQL.as_str())
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<BigInt>, _>(&read_versions)
         .bind::<Array<Text>, _>(&from_statuses)
         .bind::<Array<Text>, _>(&to_statuses)
-        .bind::<Array<SqlUuid>, _>(&tenant_ids)
-        .bind::<Array<SqlUuid>, _>(&event_ids)
-        .bind::<Array<Text>, _>(&keys)
-        .bind::<Array<Binary>, _>(&payloads)
-        .bind::<Array<Text>, _>(&headers)
         .bind::<Array<BigInt>, _>(&versions)
         .bind::<Array<SqlUuid>, _>(&deal_ids)
-        .bind::<Array<SqlUuid>, _>(&property_object_ids)
+        .bind::<Array<SqlUuid>, _>(&property_object_ids);
+    let updated: Vec<UpdatedId> = outbox::bind_message_columns!(query, messages)
         .bind::<Timestamptz, _>(as_of)
         .bind::<Text, _>(SYSTEM_ACTOR)
         .bind::<SqlUuid, _>(run_id.as_uuid())

@@ -1,109 +1,315 @@
-//! The outbox repository: claim unpublished rows, mark them published or
-//! park them, put parked rows back, sweep old published rows, report the
-//! lag and the parked rows.
+//! The outbox repository: the one writer of outbox rows (its column list,
+//! used by the expiring statement and by `republish`), the one reader (the
+//! lease claim), and the publisher's other statements: mark published,
+//! park, renew and release leases; put parked rows back; sweep old
+//! published rows; report the lag and the parked rows.
+//!
+//! # Leases
+//!
+//! The publisher reserves the rows it is about to send with a lease
+//! (`claimed_until`, on the database's clock: a lease is compared across
+//! instances, and the database clock is the one they share) instead of
+//! holding their row locks across the Kafka call. The claim is one
+//! `UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)` statement:
+//! concurrent claims skip each other's rows while they run, and a claim
+//! that reaches a row another claim just leased re-checks it against the
+//! new version (PostgreSQL's re-evaluation of a locked row in READ
+//! COMMITTED) and leaves it, so two instances never hold the same row. A
+//! lease that ends (its instance was killed) makes the row claimable
+//! again: at-least-once.
+
+use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, BigInt, Bytea, Json, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Array, BigInt, Binary, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::DbError;
+use crate::events::{Headers, OutboxMessage};
 
-/// An outbox row as the publisher needs it.
-#[derive(Debug, Clone, QueryableByName)]
-pub struct OutboxRow {
-    #[diesel(sql_type = BigInt)]
+// ---------------------------------------------------------------------------
+// The writer
+
+/// Inserts outbox rows. `values` are the statement's value expressions,
+/// one per column of the list below and in its order: the list is written
+/// here once, for the expiring statement and `republish`.
+pub(crate) fn insert_sql(values: OutboxValues<'_>) -> String {
+    let OutboxValues {
+        message,
+        topic,
+        correlation_id,
+        created_at,
+        replay_id,
+        from,
+    } = values;
+    format!(
+        "INSERT INTO booking_expiration_outbox \
+             (event_id, topic, message_key, key_hash, payload, headers, \
+              correlation_id, tenant_id, created_at, replay_id) \
+         SELECT {message}.event_id, {topic}, {message}.message_key, {message}.key_hash, \
+                {message}.payload, {message}.headers::json, {correlation_id}, \
+                {message}.tenant_id, {created_at}, {replay_id} \
+         {from}"
+    )
+}
+
+/// The value expressions of [`insert_sql`]: `message` is the alias of a row
+/// set with the columns [`MessageColumns::NAMES`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OutboxValues<'a> {
+    pub message: &'a str,
+    pub topic: &'a str,
+    pub correlation_id: &'a str,
+    pub created_at: &'a str,
+    pub replay_id: &'a str,
+    /// `FROM …` (and `WHERE …`) that yields `message`.
+    pub from: &'a str,
+}
+
+/// The per-message columns of outbox rows as arrays, one element per
+/// message, for an `unnest` of their bound parameters.
+#[derive(Debug, Default)]
+pub(crate) struct MessageColumns<'a> {
+    pub event_ids: Vec<Uuid>,
+    pub keys: Vec<&'a str>,
+    pub key_hashes: Vec<i32>,
+    pub payloads: Vec<&'a [u8]>,
+    pub headers: Vec<String>,
+    pub tenant_ids: Vec<Uuid>,
+}
+
+impl<'a> MessageColumns<'a> {
+    /// The SQL types of the arrays, in the order of the fields.
+    pub const UNNEST: [&'static str; 6] =
+        ["uuid[]", "text[]", "int[]", "bytea[]", "text[]", "uuid[]"];
+
+    pub fn with_capacity(n: usize) -> Self {
+        Self {
+            event_ids: Vec::with_capacity(n),
+            keys: Vec::with_capacity(n),
+            key_hashes: Vec::with_capacity(n),
+            payloads: Vec::with_capacity(n),
+            headers: Vec::with_capacity(n),
+            tenant_ids: Vec::with_capacity(n),
+        }
+    }
+
+    pub fn push(&mut self, message: &'a OutboxMessage) {
+        self.event_ids.push(message.event_id);
+        self.keys.push(message.key.as_str());
+        self.key_hashes.push(key_hash(&message.key));
+        self.payloads.push(message.payload.as_slice());
+        self.headers.push(message.headers.to_json());
+        self.tenant_ids.push(message.tenant_id);
+    }
+
+    /// The column names of the arrays in an `unnest(…) AS alias(…)`.
+    pub const NAMES: &'static str = "event_id, message_key, key_hash, payload, headers, tenant_id";
+
+    /// The arrays' parameters, `$first::uuid[], …`, for an `unnest`
+    /// whose aliases end with [`Self::NAMES`].
+    pub fn params(first: usize) -> String {
+        let params: Vec<String> = Self::UNNEST
+            .iter()
+            .enumerate()
+            .map(|(i, ty)| format!("${}::{ty}", first + i))
+            .collect();
+        params.join(", ")
+    }
+}
+
+/// Binds [`MessageColumns`]' arrays in the order of [`MessageColumns::UNNEST`].
+macro_rules! bind_message_columns {
+    ($query:expr, $columns:expr) => {
+        $query
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(&$columns.event_ids)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Text>, _>(&$columns.keys)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Integer>, _>(&$columns.key_hashes)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Binary>, _>(&$columns.payloads)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Text>, _>(&$columns.headers)
+            .bind::<diesel::sql_types::Array<diesel::sql_types::Uuid>, _>(&$columns.tenant_ids)
+    };
+}
+pub(crate) use bind_message_columns;
+
+/// The key's partition hash: the Java client's `murmur2(key) & 0x7fffffff`,
+/// so `key_hash % partitions` is the record's partition. Stored with the
+/// row, so a claim can leave out the rows of partitions that cannot take
+/// more (see [`Claim::skip`]).
+pub fn key_hash(key: &str) -> i32 {
+    booking_expired_proto::murmur2(key.as_bytes()) & 0x7fff_ffff
+}
+
+// ---------------------------------------------------------------------------
+// The reader
+
+/// An outbox row as the claim returns it.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
     pub id: i64,
-    #[diesel(sql_type = SqlUuid)]
     pub event_id: Uuid,
-    #[diesel(sql_type = Text)]
     pub topic: String,
-    #[diesel(sql_type = Text)]
     pub message_key: String,
-    #[diesel(sql_type = Bytea)]
     pub payload: Vec<u8>,
-    /// The `json` column: the object as the worker wrote it.
-    #[diesel(sql_type = Json)]
-    pub headers: serde_json::Value,
-    #[diesel(sql_type = Timestamptz)]
+    /// The stored headers, or why they are not a headers object (a row no
+    /// worker wrote: it is parked, not sent without its `ce_*` headers).
+    pub headers: Result<Headers, String>,
     pub created_at: DateTime<Utc>,
 }
 
-impl OutboxRow {
-    /// Why this row cannot be sent as a Kafka record, if it cannot: the
-    /// worker writes a non-empty topic and a JSON object of headers, so
-    /// anything else is a corrupt row, parked rather than sent without its
-    /// `ce_*` headers.
+impl ClaimedRow {
+    /// Why this row cannot be sent as a Kafka record, if it cannot.
     pub fn defect(&self) -> Option<String> {
         if self.topic.is_empty() {
             return Some("the row has an empty topic".to_owned());
         }
-        if !self.headers.is_object() {
-            return Some(format!(
-                "the row's headers are not a JSON object: {}",
-                truncate(&self.headers.to_string(), 80)
-            ));
-        }
-        None
+        self.headers.as_ref().err().cloned()
     }
+}
 
-    /// Header name → bytes; non-string JSON values (never written by the
-    /// worker) are sent as their JSON text rather than dropped.
-    pub fn header_pairs(&self) -> Vec<(String, Vec<u8>)> {
-        match &self.headers {
-            serde_json::Value::Object(map) => map
-                .iter()
-                .map(|(name, value)| {
-                    let bytes = match value {
-                        serde_json::Value::String(s) => s.as_bytes().to_vec(),
-                        other => other.to_string().into_bytes(),
-                    };
-                    (name.clone(), bytes)
-                })
-                .collect(),
-            _ => Vec::new(),
+#[derive(QueryableByName)]
+struct StoredRow {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+    #[diesel(sql_type = SqlUuid)]
+    event_id: Uuid,
+    #[diesel(sql_type = Text)]
+    topic: String,
+    #[diesel(sql_type = Text)]
+    message_key: String,
+    #[diesel(sql_type = Binary)]
+    payload: Vec<u8>,
+    /// The `json` column as text (exactly the bytes the writer stored).
+    #[diesel(sql_type = Text)]
+    headers: String,
+    #[diesel(sql_type = Timestamptz)]
+    created_at: DateTime<Utc>,
+}
+
+impl From<StoredRow> for ClaimedRow {
+    fn from(row: StoredRow) -> Self {
+        Self {
+            id: row.id,
+            event_id: row.event_id,
+            topic: row.topic,
+            message_key: row.message_key,
+            payload: row.payload,
+            headers: Headers::from_json(row.headers.as_bytes()),
+            created_at: row.created_at,
         }
     }
 }
 
-/// At most `max` characters of `text`.
-fn truncate(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
-    }
-}
-
-/// The unpublished rows the publisher may claim. Keep it the predicate of
-/// `ix_booking_expiration_outbox_unpublished`, word for word in meaning, so
-/// the claim and the lag count are index scans.
+/// The unpublished rows the publisher may claim, leases aside. Keep it the
+/// predicate of `ix_booking_expiration_outbox_unpublished`, word for word in
+/// meaning, so the claim and the lag count are index scans.
 const CLAIMABLE: &str = "published_at IS NULL AND parked_at IS NULL";
 
-/// The claim statement (`$1` = limit); public for the EXPLAIN test.
-pub fn claim_sql() -> String {
-    format!(
-        "SELECT id, event_id, topic, message_key, payload, headers, created_at \
-         FROM booking_expiration_outbox WHERE {CLAIMABLE} \
-         ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
-    )
+/// What one claim takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Claim {
+    /// At most this many rows.
+    pub limit: u32,
+    /// How long the lease lasts.
+    pub lease: std::time::Duration,
+    /// Topics none of whose rows are taken (a topic that cannot take
+    /// records now: missing, refused, or with enough of its rows held).
+    pub skip_topics: Vec<String>,
+    /// Partitions whose rows are not taken: `(topic, partition count,
+    /// partition)`, the rows with `key_hash % count = partition`.
+    pub skip: Vec<(String, i32, i32)>,
 }
 
-/// Locks up to `limit` unpublished, unparked rows, oldest first, skipping
-/// rows another publisher holds. Must run inside the publishing transaction.
-pub async fn claim_unpublished(
+/// The claim statement; public for the EXPLAIN test. `$1` limit, `$2` the
+/// lease in milliseconds, `$3` topics to skip, `$4`–`$6` partitions to skip
+/// (topic, count, partition).
+pub fn claim_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE booking_expiration_outbox o \
+                SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond' \
+              WHERE o.id IN ( \
+                    SELECT c.id FROM booking_expiration_outbox c \
+                     WHERE {CLAIMABLE} \
+                       AND (c.claimed_until IS NULL OR c.claimed_until < statement_timestamp()) \
+                       AND c.topic <> ALL($3::text[]) \
+                       AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::int[], $6::int[]) \
+                                              AS s(topic, n, p) \
+                                        WHERE s.topic = c.topic AND c.key_hash % s.n = s.p) \
+                     ORDER BY c.id LIMIT $1 \
+                       FOR UPDATE SKIP LOCKED) \
+             RETURNING o.id, o.event_id, o.topic, o.message_key, o.payload, \
+                       o.headers::text AS headers, o.created_at"
+        )
+    });
+    &SQL
+}
+
+/// Leases up to `claim.limit` unpublished, unparked rows that no lease
+/// holds, oldest first, skipping rows another claim is taking and the
+/// topics and partitions `claim` names. Returns them oldest first.
+pub async fn claim(
     conn: &mut AsyncPgConnection,
-    limit: u32,
-) -> Result<Vec<OutboxRow>, DbError> {
-    Ok(diesel::sql_query(claim_sql())
-        .bind::<BigInt, _>(i64::from(limit))
+    claim: &Claim,
+) -> Result<Vec<ClaimedRow>, DbError> {
+    let (topics, counts, partitions): (Vec<&str>, Vec<i32>, Vec<i32>) = claim
+        .skip
+        .iter()
+        .map(|(topic, count, partition)| (topic.as_str(), *count, *partition))
+        .collect();
+    let mut rows: Vec<StoredRow> = diesel::sql_query(claim_sql())
+        .bind::<BigInt, _>(i64::from(claim.limit))
+        .bind::<BigInt, _>(millis(claim.lease))
+        .bind::<Array<Text>, _>(&claim.skip_topics)
+        .bind::<Array<Text>, _>(&topics)
+        .bind::<Array<Integer>, _>(&counts)
+        .bind::<Array<Integer>, _>(&partitions)
         .load(conn)
-        .await?)
+        .await?;
+    // RETURNING keeps no order.
+    rows.sort_unstable_by_key(|row| row.id);
+    Ok(rows.into_iter().map(ClaimedRow::from).collect())
 }
 
-/// Marks claimed rows published at `at`.
+fn millis(duration: std::time::Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Extends the leases of rows this instance still holds (their lease would
+/// end before they are sent: a partition that cannot be written).
+pub async fn renew(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    lease: std::time::Duration,
+) -> Result<usize, DbError> {
+    Ok(diesel::sql_query(
+        "UPDATE booking_expiration_outbox \
+            SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond' \
+          WHERE id = ANY($1) AND published_at IS NULL",
+    )
+    .bind::<Array<BigInt>, _>(ids)
+    .bind::<BigInt, _>(millis(lease))
+    .execute(conn)
+    .await?)
+}
+
+/// Ends the leases of rows this instance will not send (it is stopping):
+/// another instance may claim them at once.
+pub async fn release(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<usize, DbError> {
+    Ok(diesel::sql_query(
+        "UPDATE booking_expiration_outbox SET claimed_until = NULL \
+          WHERE id = ANY($1) AND published_at IS NULL",
+    )
+    .bind::<Array<BigInt>, _>(ids)
+    .execute(conn)
+    .await?)
+}
+
+/// Marks rows published at `at`.
 pub async fn mark_published(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
@@ -118,8 +324,8 @@ pub async fn mark_published(
     .await?)
 }
 
-/// Parks a claimed row the broker will never accept as it is: the claim
-/// skips it from now on and retention keeps it.
+/// Parks a row the broker will never accept as it is: the claim skips it
+/// from now on and retention keeps it.
 pub async fn park(
     conn: &mut AsyncPgConnection,
     id: i64,
@@ -150,16 +356,18 @@ pub async fn unpark(conn: &mut AsyncPgConnection, which: &Unpark) -> Result<usiz
     let put_back = match which {
         Unpark::All => {
             diesel::sql_query(
-                "UPDATE booking_expiration_outbox SET parked_at = NULL, park_reason = NULL \
-                 WHERE parked_at IS NOT NULL",
+                "UPDATE booking_expiration_outbox \
+                    SET parked_at = NULL, park_reason = NULL, claimed_until = NULL \
+                  WHERE parked_at IS NOT NULL",
             )
             .execute(conn)
             .await?
         }
         Unpark::Events(ids) => {
             diesel::sql_query(
-                "UPDATE booking_expiration_outbox SET parked_at = NULL, park_reason = NULL \
-                 WHERE parked_at IS NOT NULL AND event_id = ANY($1)",
+                "UPDATE booking_expiration_outbox \
+                    SET parked_at = NULL, park_reason = NULL, claimed_until = NULL \
+                  WHERE parked_at IS NOT NULL AND event_id = ANY($1)",
             )
             .bind::<Array<SqlUuid>, _>(ids)
             .execute(conn)
@@ -204,7 +412,7 @@ pub async fn parked_rows(
     .await?)
 }
 
-/// Deletes claimed rows (retention zero: nothing is kept once published).
+/// Deletes rows (retention zero: nothing is kept once published).
 pub async fn delete_rows(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<usize, DbError> {
     Ok(
         diesel::sql_query("DELETE FROM booking_expiration_outbox WHERE id = ANY($1)")
@@ -257,4 +465,55 @@ pub async fn stats(conn: &mut AsyncPgConnection) -> Result<OutboxStats, DbError>
     ))
     .get_result(conn)
     .await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_hash_is_the_java_partitioners_positive_murmur2() {
+        for key in ["21", "foobar", "00000000-0000-0000-0000-000000000001", ""] {
+            let hash = key_hash(key);
+            assert!(hash >= 0);
+            for partitions in [1, 3, 7, 12] {
+                assert_eq!(
+                    hash % partitions,
+                    booking_expired_proto::partition_for_key(key.as_bytes(), partitions),
+                    "{key} over {partitions}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_insert_lists_each_column_once_with_a_value() {
+        let sql = insert_sql(OutboxValues {
+            message: "m",
+            topic: "$1",
+            correlation_id: "$2",
+            created_at: "$3",
+            replay_id: "NULL",
+            from: "FROM x m",
+        });
+        let columns = sql
+            .split_once('(')
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(list, _)| list.split(',').count())
+            .unwrap();
+        let values = sql
+            .split_once("SELECT")
+            .and_then(|(_, rest)| rest.split_once("FROM x"))
+            .map(|(list, _)| list.split(',').count())
+            .unwrap();
+        assert_eq!((columns, values), (10, 10), "{sql}");
+        assert_eq!(
+            MessageColumns::params(4),
+            "$4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[], $9::uuid[]"
+        );
+        assert_eq!(
+            MessageColumns::NAMES.split(',').count(),
+            MessageColumns::UNNEST.len()
+        );
+    }
 }

@@ -13,15 +13,20 @@
 //! so the rows between the two ids are the window's, but for the few that
 //! straddle its edges.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, BigInt, Binary, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Array, BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::{DbError, bookings::headers_json};
+use super::{
+    DbError,
+    outbox::{self, MessageColumns, OutboxValues},
+};
 use crate::{
     domain::{BookingId, DealId, ExpiryRecord, Phase, PropertyObjectId, Status, TenantId},
     events::OutboxMessage,
@@ -310,17 +315,26 @@ pub struct ReplayWrite {
 /// New outbox rows of replay `replay_id`; an event with a row still waiting
 /// to be sent (unpublished: the original, an earlier replay's, or a parked
 /// one) is skipped, and so is one this replay already enqueued. Returns the
-/// event ids enqueued.
-const ENQUEUE_SQL: &str = "\
-INSERT INTO booking_expiration_outbox
-       (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at, replay_id)
-SELECT i.event_id, $1, i.message_key, i.payload, i.headers::json, i.correlation_id, i.tenant_id, $2, $3
-  FROM unnest($4::uuid[], $5::text[], $6::bytea[], $7::text[], $8::uuid[], $9::uuid[])
-       AS i(event_id, message_key, payload, headers, correlation_id, tenant_id)
- WHERE NOT EXISTS (SELECT 1 FROM booking_expiration_outbox o
-                    WHERE o.event_id = i.event_id AND o.published_at IS NULL)
-ON CONFLICT (event_id, replay_id) DO NOTHING
-RETURNING event_id";
+/// event ids enqueued. `$1` topic, `$2` created_at, `$3` replay id, `$4`
+/// the correlation ids, `$5`-`$10` the messages ([`MessageColumns`]).
+static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
+    let from = format!(
+        "FROM unnest($4::uuid[], {messages}) AS i(correlation_id, {names}) \
+         WHERE NOT EXISTS (SELECT 1 FROM booking_expiration_outbox o \
+                            WHERE o.event_id = i.event_id AND o.published_at IS NULL)",
+        messages = MessageColumns::params(5),
+        names = MessageColumns::NAMES,
+    );
+    let insert = outbox::insert_sql(OutboxValues {
+        message: "i",
+        topic: "$1",
+        correlation_id: "i.correlation_id",
+        created_at: "$2",
+        replay_id: "$3",
+        from: &from,
+    });
+    format!("{insert} ON CONFLICT (event_id, replay_id) DO NOTHING RETURNING event_id")
+});
 
 #[derive(QueryableByName)]
 struct Enqueued {
@@ -340,30 +354,17 @@ pub async fn enqueue(
     if writes.is_empty() {
         return Ok(Vec::new());
     }
-    let mut event_ids = Vec::with_capacity(writes.len());
-    let mut keys = Vec::with_capacity(writes.len());
-    let mut payloads = Vec::with_capacity(writes.len());
-    let mut headers = Vec::with_capacity(writes.len());
-    let mut correlation_ids = Vec::with_capacity(writes.len());
-    let mut tenant_ids = Vec::with_capacity(writes.len());
+    let correlation_ids: Vec<Uuid> = writes.iter().map(|w| w.correlation_id).collect();
+    let mut messages = MessageColumns::with_capacity(writes.len());
     for write in writes {
-        event_ids.push(write.message.event_id);
-        keys.push(write.message.key.as_str());
-        payloads.push(write.message.payload.as_slice());
-        headers.push(headers_json(&write.message.headers)?);
-        correlation_ids.push(write.correlation_id);
-        tenant_ids.push(write.message.tenant_id);
+        messages.push(&write.message);
     }
-    let rows: Vec<Enqueued> = diesel::sql_query(ENQUEUE_SQL)
+    let query = diesel::sql_query(ENQUEUE_SQL.as_str())
         .bind::<Text, _>(topic)
         .bind::<Timestamptz, _>(created_at)
         .bind::<SqlUuid, _>(replay_id)
-        .bind::<Array<SqlUuid>, _>(&event_ids)
-        .bind::<Array<Text>, _>(&keys)
-        .bind::<Array<Binary>, _>(&payloads)
-        .bind::<Array<Text>, _>(&headers)
-        .bind::<Array<SqlUuid>, _>(&correlation_ids)
-        .bind::<Array<SqlUuid>, _>(&tenant_ids)
+        .bind::<Array<SqlUuid>, _>(&correlation_ids);
+    let rows: Vec<Enqueued> = outbox::bind_message_columns!(query, messages)
         .load(conn)
         .await?;
     Ok(rows.into_iter().map(|r| r.event_id).collect())

@@ -2,10 +2,14 @@
 //! Kafka key and the CloudEvents headers, fixed when the outbox row is
 //! written so every republish sends identical bytes.
 
+mod headers_map;
+
 use booking_expired_proto::{self as contract, headers, v1};
 use chrono::{DateTime, SecondsFormat, Utc};
 use prost::Message;
 use uuid::Uuid;
+
+pub use headers_map::Headers;
 
 use crate::domain::{BookingExpired, Phase, RunId};
 
@@ -22,8 +26,8 @@ pub struct OutboxMessage {
     pub key: String,
     /// Encoded `BookingExpiredEvent`.
     pub payload: Vec<u8>,
-    /// Header name → UTF-8 value, sorted by name.
-    pub headers: Vec<(&'static str, String)>,
+    /// The record headers (CloudEvents, correlation, tenant, trace).
+    pub headers: Headers,
 }
 
 /// The W3C Trace Context of the span that writes a message: the
@@ -90,7 +94,7 @@ pub fn outbox_message(
 ) -> OutboxMessage {
     let event_id = event_id(event);
     let payload = to_proto(event, event_id, run_id).encode_to_vec();
-    let mut headers = vec![
+    let mut headers = Headers::from_static([
         (headers::SPEC_VERSION, "1.0".to_owned()),
         (headers::ID, event_id.hyphenated().to_string()),
         (headers::SOURCE, source.to_owned()),
@@ -104,14 +108,13 @@ pub fn outbox_message(
         (headers::CONTENT_TYPE, contract::CONTENT_TYPE.to_owned()),
         (headers::CORRELATION_ID, run_id.to_string()),
         (headers::TENANT_ID, event.tenant_id.to_string()),
-    ];
+    ]);
     if let Some(traceparent) = &trace.traceparent {
-        headers.push((headers::TRACEPARENT, traceparent.clone()));
+        headers.insert(headers::TRACEPARENT, traceparent.clone());
     }
     if let Some(tracestate) = &trace.tracestate {
-        headers.push((headers::TRACESTATE, tracestate.clone()));
+        headers.insert(headers::TRACESTATE, tracestate.clone());
     }
-    headers.sort_by(|a, b| a.0.cmp(b.0));
     OutboxMessage {
         event_id,
         tenant_id: event.tenant_id.as_uuid(),
@@ -154,13 +157,7 @@ mod tests {
             tracestate: Some("congo=t61rcWkgMzE".to_owned()),
         };
         let message = outbox_message(&e, run_id, CE_SOURCE, &trace);
-        let get = |name: &str| {
-            message
-                .headers
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let get = |name: &str| message.headers.get(name);
         assert_eq!(get("ce_specversion"), Some("1.0"));
         assert_eq!(get("ce_type"), Some("pin.crm.booking-expired.v1"));
         assert_eq!(get("content-type"), Some("application/protobuf"));
@@ -174,12 +171,7 @@ mod tests {
         let untraced = outbox_message(&e, run_id, CE_SOURCE, &TraceHeaders::default());
         assert_eq!(
             untraced.headers,
-            message
-                .headers
-                .iter()
-                .filter(|(name, _)| !is_trace_header(name))
-                .cloned()
-                .collect::<Vec<_>>(),
+            message.headers.without(is_trace_header),
             "trace context is the only difference"
         );
         assert_eq!(
@@ -215,7 +207,7 @@ mod tests {
             let message = outbox_message(&e, run_id, CE_SOURCE, &TraceHeaders::default());
             let received = decode_record(
                 &message.payload,
-                message.headers.iter().map(|(k, v)| (*k, v.as_bytes())),
+                message.headers.iter().map(|(k, v)| (k, v.as_bytes())),
             ).unwrap();
             prop_assert_eq!(received.booking_id, e.booking_id.as_uuid());
             prop_assert_eq!(received.tenant_id, e.tenant_id.as_uuid());

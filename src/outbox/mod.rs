@@ -1,30 +1,49 @@
-//! The built-in outbox publisher: claim unpublished rows, produce them to
-//! Kafka keyed by booking id, mark them published, commit.
+//! The built-in outbox publisher: a per-partition pipeline after the Java
+//! producer's design (docs/design.md, "The publisher").
 //!
-//! - [`publisher`]: the claim/produce/mark batch, lanes, and `run` (wake-up,
-//!   backoff, shutdown); the broker readiness check. `held`: the rows a
-//!   partly acknowledged batch left pending, kept out of the next batches
-//!   for a moment so a failing partition does not hold back the others.
-//! - [`sink`]: the [`Sink`] seam; [`kafka`] is the real sink (its
-//!   per-partition produce, Kafka's error codes, and the TLS bridge in
-//!   rooms of their own), [`memory`] an in-memory one for tests whose
-//!   subject is not the broker.
-//! - [`maintenance`]: lag gauges and retention, each on its own schedule.
-//! - `listener`: LISTEN for commits, to wake the publisher.
+//! Rooms, each with one job (the layering test orders them):
+//!
+//! - [`publisher`]: what `run` starts and how tests build one;
+//!   `pipeline`: the one task that claims, routes, sends and marks.
+//! - `queues` and `partition`: the partition queues (the accumulator):
+//!   what is ready to send, what the next claim may take, each partition's
+//!   own backoff. Pure.
+//! - [`store`]: the database side, one short transaction per round, behind
+//!   the [`Store`] seam; the SQL is `db::outbox`.
+//! - [`transport`]: the seam to the broker ([`Transport`], classified
+//!   [`SendError`]s, no Kafka type); [`kafka`] is the real transport (its
+//!   partition clients, Kafka's error table, the TLS bridge), [`memory`]
+//!   scripted stand-ins for tests.
+//! - [`timing`]: every duration the publisher waits on, with its reason.
+//! - `report`: failures that last, logged once a minute.
+//! - [`maintenance`]: lag gauges and retention; `listener`: LISTEN for
+//!   commits, to wake the publisher; [`Backoff`]: jittered exponential
+//!   backoff.
 
 mod backoff;
-mod held;
 pub mod kafka;
 mod listener;
 pub(crate) mod maintenance;
-pub(crate) mod memory;
-pub(crate) mod publisher;
-pub mod sink;
+pub mod memory;
+mod partition;
+mod pipeline;
+pub mod publisher;
+mod queues;
+mod report;
+pub mod store;
+pub mod timing;
+pub mod transport;
+
+#[cfg(test)]
+mod tests;
 
 pub use backoff::Backoff;
-pub use kafka::{KafkaError, KafkaSink};
+pub use kafka::{KafkaError, KafkaTransport};
 pub use listener::{ListenError, listen_for_commits};
 pub use maintenance::{LagStats, RetentionSweep};
-pub use memory::MemorySink;
-pub use publisher::{HOLD, PublishError, Publisher};
-pub use sink::{OutgoingRecord, Sink, SinkError};
+pub use memory::{MemoryStore, ScriptedTransport};
+pub use pipeline::{CORRUPT_ROW, Published};
+pub use publisher::Publisher;
+pub use store::{PgStore, Round, Store};
+pub use timing::Timing;
+pub use transport::{ErrorClass, OutgoingRecord, SendError, Transport};

@@ -1,7 +1,7 @@
 //! Liveness and readiness state shared by the tasks and the HTTP server.
 
 use std::{
-    sync::atomic::{AtomicBool, AtomicI64, Ordering},
+    sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering},
     time::Duration,
 };
 
@@ -15,12 +15,45 @@ pub struct Health {
     publisher_enabled: bool,
     /// Unix millis of the last successful cycle; 0 = none yet.
     last_cycle_success_ms: AtomicI64,
-    /// The broker check (a metadata request) succeeded last time.
+    /// The last read of the topic's metadata succeeded.
     broker_reachable: AtomicBool,
-    /// The last produce failed and rows still wait. A broker can answer
-    /// metadata while produces fail (two of three brokers down:
-    /// NOT_ENOUGH_REPLICAS), so the check alone does not make it ready.
-    produce_failing: AtomicBool,
+    /// Partitions (or topics) whose last try failed while rows wait for
+    /// them. A broker can answer metadata while produces fail (two of three
+    /// brokers down: NOT_ENOUGH_REPLICAS), so the metadata alone does not
+    /// make it ready.
+    partitions_failing: AtomicUsize,
+    /// Of those, the ones failing with an error no retry fixes
+    /// (authorization, a missing topic): they wait for an operator.
+    partitions_refusing: AtomicUsize,
+}
+
+/// The publisher's side of readiness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerState {
+    Ready,
+    Unreachable,
+    /// Some partitions cannot be written (`refusing` of them for a reason
+    /// an operator has to fix).
+    Failing {
+        partitions: usize,
+        refusing: usize,
+    },
+}
+
+impl std::fmt::Display for BrokerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BrokerState::Ready => f.write_str("ok"),
+            BrokerState::Unreachable => f.write_str("unreachable"),
+            BrokerState::Failing {
+                partitions,
+                refusing,
+            } => write!(
+                f,
+                "{partitions} partition(s) cannot be written, {refusing} of them until an operator acts"
+            ),
+        }
+    }
 }
 
 impl Health {
@@ -31,7 +64,8 @@ impl Health {
             publisher_enabled,
             last_cycle_success_ms: AtomicI64::new(0),
             broker_reachable: AtomicBool::new(false),
-            produce_failing: AtomicBool::new(false),
+            partitions_failing: AtomicUsize::new(0),
+            partitions_refusing: AtomicUsize::new(0),
         }
     }
 
@@ -44,26 +78,30 @@ impl Health {
         self.broker_reachable.store(reachable, Ordering::Relaxed);
     }
 
-    /// Records a produce round: `ok` when every record was acknowledged
-    /// (or nothing waited to be sent). A success also proves the broker
-    /// reachable.
-    pub fn record_produce(&self, ok: bool) {
-        self.produce_failing.store(!ok, Ordering::Relaxed);
-        if ok {
-            self.broker_reachable.store(true, Ordering::Relaxed);
+    /// How many partitions cannot be written now (see [`BrokerState`]).
+    pub fn set_partitions_failing(&self, failing: usize, refusing: usize) {
+        self.partitions_failing.store(failing, Ordering::Relaxed);
+        self.partitions_refusing.store(refusing, Ordering::Relaxed);
+    }
+
+    pub fn broker_state(&self) -> BrokerState {
+        if !self.publisher_enabled {
+            return BrokerState::Ready;
+        }
+        if !self.broker_reachable.load(Ordering::Relaxed) {
+            return BrokerState::Unreachable;
+        }
+        match self.partitions_failing.load(Ordering::Relaxed) {
+            0 => BrokerState::Ready,
+            partitions => BrokerState::Failing {
+                partitions,
+                refusing: self.partitions_refusing.load(Ordering::Relaxed),
+            },
         }
     }
 
-    /// Nothing waits in the outbox: a past produce failure no longer
-    /// holds readiness back (the broker check decides alone).
-    pub fn record_nothing_waiting(&self) {
-        self.produce_failing.store(false, Ordering::Relaxed);
-    }
-
     pub fn broker_ready(&self) -> bool {
-        !self.publisher_enabled
-            || (self.broker_reachable.load(Ordering::Relaxed)
-                && !self.produce_failing.load(Ordering::Relaxed))
+        self.broker_state() == BrokerState::Ready
     }
 
     /// Live while a cycle succeeded within `window`, or the process started
@@ -99,19 +137,23 @@ mod tests {
     }
 
     #[test]
-    fn a_failing_produce_keeps_it_unready_whatever_the_check_says() {
+    fn a_failing_partition_keeps_it_unready_whatever_the_metadata_says() {
         let health = Health::new(Utc.timestamp_opt(1_800_000_000, 0).unwrap(), true, true);
         health.set_broker_reachable(true);
-        health.record_produce(false);
-        health.set_broker_reachable(true);
+        health.set_partitions_failing(1, 0);
+        assert_eq!(
+            health.broker_state(),
+            BrokerState::Failing {
+                partitions: 1,
+                refusing: 0
+            }
+        );
         assert!(!health.broker_ready());
-        health.record_produce(true);
-        assert!(health.broker_ready());
-        health.record_produce(false);
-        health.record_nothing_waiting();
+        health.set_partitions_failing(0, 0);
         assert!(health.broker_ready());
         health.set_broker_reachable(false);
-        health.record_nothing_waiting();
-        assert!(!health.broker_ready());
+        assert_eq!(health.broker_state(), BrokerState::Unreachable);
+        let worker_only = Health::new(Utc.timestamp_opt(1_800_000_000, 0).unwrap(), true, false);
+        assert!(worker_only.broker_ready());
     }
 }

@@ -10,7 +10,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{Health, Metrics};
+use super::{Health, Metrics, health::BrokerState};
 use crate::clock::Clock;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -142,14 +142,17 @@ async fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
         }
         "/readyz" => {
             let database = (state.database)().await;
-            let broker = state.health.broker_ready();
+            let broker = state.health.broker_state();
             let body = format!(
-                "database: {}\nbroker: {}\n",
+                "database: {}\nbroker: {broker}\n",
                 if database { "ok" } else { "unreachable" },
-                if broker { "ok" } else { "unreachable" }
             );
             (
-                if database && broker { 200 } else { 503 },
+                if database && broker == BrokerState::Ready {
+                    200
+                } else {
+                    503
+                },
                 "text/plain",
                 body,
             )

@@ -66,6 +66,11 @@ pub struct Metrics {
     pub outbox_produce_errors: Family<CodeLabel, Counter>,
     /// Kafka metadata lookups, by reason.
     pub kafka_metadata_refreshes: Family<ReasonLabel, Counter>,
+    /// Claimed outbox rows in this instance's partition queues (waiting or
+    /// on the way), not yet acknowledged.
+    pub outbox_held: Gauge,
+    /// Partitions whose last produce failed while rows wait for them.
+    pub outbox_partitions_failing: Gauge,
 }
 
 /// Lateness buckets: fine below a second (the deadline wake-up's goal), then
@@ -120,6 +125,8 @@ impl Metrics {
             outbox_parked: Gauge::default(),
             outbox_produce_errors: Family::default(),
             kafka_metadata_refreshes: Family::default(),
+            outbox_held: Gauge::default(),
+            outbox_partitions_failing: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -216,6 +223,16 @@ impl Metrics {
             "crm_booking_expiration_kafka_metadata_refreshes",
             "Kafka metadata lookups by reason: connect, periodic (partition count), leader (after a failed produce)",
             metrics.kafka_metadata_refreshes.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_held",
+            "Claimed outbox rows in this instance's partition queues, not yet acknowledged by Kafka",
+            metrics.outbox_held.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_partitions_failing",
+            "Partitions whose last produce failed while outbox rows wait for them",
+            metrics.outbox_partitions_failing.clone(),
         );
         Self {
             registry,

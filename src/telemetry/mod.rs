@@ -6,7 +6,7 @@ pub mod logging;
 pub(crate) mod metrics;
 pub mod trace;
 
-pub use health::Health;
+pub use health::{BrokerState, Health};
 pub use metrics::Metrics;
 
 /// Displays an error with its whole cause chain (`outer: inner: root`), for

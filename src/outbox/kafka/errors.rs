@@ -7,36 +7,48 @@
 //! than it) is what the Java client makes of an unknown code:
 //! `UNKNOWN_SERVER_ERROR`, not retriable.
 //!
-//! What the sink does ([`Disposition`]):
+//! What the pipeline does ([`Disposition`], which becomes the seam's
+//! [`ErrorClass`]):
 //!
 //! - [`Disposition::Retry`]: exactly the Java client's retriable codes. The
-//!   records are sent again (a new leader looked up, and so on) while the
-//!   call's time lasts, then stay unpublished for the next call.
-//!   `CORRUPT_MESSAGE` is one of them: Kafka raises it for a CRC that did
-//!   not match (a bit flipped on the way), and the same bytes sent again
-//!   pass.
+//!   partition backs off on its own (100 ms doubling to 800 ms) and sends
+//!   the same records again; a code that puts the leader in doubt has it
+//!   looked up again first. `CORRUPT_MESSAGE` is one of them: Kafka raises
+//!   it for a CRC that did not match (a bit flipped on the way), and the
+//!   same bytes sent again pass.
 //! - [`Disposition::Refuse`]: the broker will never accept this record as
 //!   it is: too large (`MESSAGE_TOO_LARGE`, `RECORD_LIST_TOO_LARGE`, once a
-//!   batch was split down to the one record), or refused for its content
-//!   (`INVALID_RECORD`) or its timestamp (`INVALID_TIMESTAMP`, outside the
-//!   topic's `message.timestamp.*.max.ms`). Its outbox row is parked, so
-//!   the rows behind it go on; `outbox retry` puts it back once the topic's
-//!   settings allow it. Only these four park.
+//!   request was split down to the one record) or refused for its content
+//!   (`INVALID_RECORD`). Its outbox row is parked, so the rows behind it
+//!   go on; `outbox retry` puts it back once the topic's settings allow
+//!   it. Only these three park. `INVALID_TIMESTAMP` does not: the record's
+//!   timestamp is the time it is sent, so the broker refusing it says the
+//!   clocks (or the topic's `message.timestamp.*.max.ms`) are wrong for
+//!   every record, not that this record is.
 //! - [`Disposition::Fail`]: every other code that is not retriable. They
 //!   are about this client (authorisation, SASL, an unsupported version
 //!   or compression, a bad request) or the cluster, not about a record:
-//!   parking would park every record. The call fails, the rows stay
-//!   unpublished, the publisher backs off and `/readyz` and the
-//!   produce-errors metric say why until an operator fixes it.
+//!   parking would park every record. The partition (or the topic, when
+//!   its metadata says so) pauses for `Timing::fatal_pause` with its rows
+//!   waiting, `/readyz` fails and the log says why once a minute until an
+//!   operator fixes it; no new connection is opened for it.
+//!
+//! rskafka wraps some server errors it retried itself (NOT_LEADER_OR_FOLLOWER,
+//! LEADER_NOT_AVAILABLE, UNKNOWN_TOPIC_OR_PARTITION) in `RetryFailed`:
+//! [`server_error`] unwraps them before they are classified.
 //!
 //! The test checks the table against rskafka's own names for the codes,
 //! and the retriable set against a list written from the Java sources.
 
 use std::time::Duration;
 
-use rskafka::client::error::{Error as ClientError, ProtocolError};
+use rskafka::{
+    BackoffError,
+    client::error::{Error as ClientError, ProtocolError},
+};
 
 use super::tls_bridge::SecurityError;
+use crate::outbox::transport::{ErrorClass, SendError};
 
 /// What the sink does with an error code (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,7 +133,7 @@ pub const ERROR_CODES: &[ErrorCode] = &[
     row(29, "TOPIC_AUTHORIZATION_FAILED", "TopicAuthorizationException", Fail),
     row(30, "GROUP_AUTHORIZATION_FAILED", "GroupAuthorizationException", Fail),
     row(31, "CLUSTER_AUTHORIZATION_FAILED", "ClusterAuthorizationException", Fail),
-    row(32, "INVALID_TIMESTAMP", "InvalidTimestampException", Refuse),
+    row(32, "INVALID_TIMESTAMP", "InvalidTimestampException", Fail),
     row(33, "UNSUPPORTED_SASL_MECHANISM", "UnsupportedSaslMechanismException", Fail),
     row(34, "ILLEGAL_SASL_STATE", "IllegalSaslStateException", Fail),
     row(35, "UNSUPPORTED_VERSION", "UnsupportedVersionException", Fail),
@@ -268,12 +280,6 @@ pub enum KafkaError {
         #[source]
         source: rskafka::client::error::Error,
     },
-    /// The call's other partitions were done and this one still had no
-    /// acknowledgement after its grace ([`super::STRAGGLER_GRACE`]).
-    #[error(
-        "partition {partition} was not acknowledged while the call's other partitions were; its records go again with the next batch"
-    )]
-    Straggler { partition: i32 },
     #[error("broker acknowledged {acked} of {sent} records on partition {partition}")]
     ShortAck {
         partition: i32,
@@ -302,34 +308,70 @@ impl KafkaError {
             KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
             KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
             KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
-            KafkaError::Straggler { .. } => "CLIENT_STRAGGLER".into(),
             KafkaError::Security(_) => "CLIENT_SECURITY".into(),
         }
     }
 
-    /// The broker answered with an error code: it is reachable, so a retry
-    /// is worth making soon (the error is about the cluster's state, such
-    /// as too few in-sync replicas or a leader moving).
-    pub fn answered_by_broker(&self) -> bool {
-        matches!(self, KafkaError::Request { source, .. } if server_error(source).is_some())
+    /// What the pipeline does with this error (see the module docs).
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            KafkaError::Request { source, .. } | KafkaError::Connect { source, .. } => {
+                match server_error(source).map(disposition) {
+                    Some(Disposition::Fail) => ErrorClass::Fatal,
+                    Some(Disposition::Refuse) => ErrorClass::Refused,
+                    // A retriable code, or no answer at all (I/O, a lost
+                    // connection): try again.
+                    Some(Disposition::Retry) | None => ErrorClass::Retriable,
+                }
+            }
+            KafkaError::Timeout { .. } | KafkaError::ShortAck { .. } => ErrorClass::Retriable,
+            KafkaError::TopicMissing(_) | KafkaError::NoPartitions(_) | KafkaError::Security(_) => {
+                ErrorClass::Fatal
+            }
+        }
     }
 
-    /// The broker refused the records for a reason no retry fixes: the
-    /// record itself is at fault, not the cluster's state or this client's
-    /// settings (the table above, Kafka's own classification).
-    pub(super) fn refusal(&self) -> Option<ProtocolError> {
+    /// Whether the partition's leader is looked up again before the next
+    /// try: yes after a retriable error, unless the broker answered as the
+    /// leader and only lacks replicas or asks to slow down; never after a
+    /// refusal or a non-retriable answer (the leader is fine, and a new
+    /// connection per try is what an authorization failure must not cost).
+    pub fn leader_suspect(&self) -> bool {
+        if self.class() != ErrorClass::Retriable {
+            return false;
+        }
         let KafkaError::Request { source, .. } = self else {
-            return None;
+            return true;
         };
-        let error = server_error(source)?;
-        (disposition(error) == Disposition::Refuse).then_some(*error)
+        !matches!(
+            server_error(source),
+            Some(
+                ProtocolError::NotEnoughReplicas
+                    | ProtocolError::NotEnoughReplicasAfterAppend
+                    | ProtocolError::ThrottlingQuotaExceeded
+            )
+        )
+    }
+
+    /// This error as the seam carries it: its class, its Kafka name, and
+    /// the message with its causes.
+    pub fn to_send_error(&self) -> SendError {
+        SendError::new(
+            self.class(),
+            self.code(),
+            crate::telemetry::ErrorChain(self).to_string(),
+        )
     }
 }
 
-/// The broker's error code inside a client error, if it carries one.
+/// The broker's error code inside a client error, if it carries one, also
+/// when rskafka retried it itself and wrapped the last one in `RetryFailed`.
 pub(super) fn server_error(error: &ClientError) -> Option<&ProtocolError> {
     match error {
         ClientError::ServerError { protocol_error, .. } => Some(protocol_error),
+        ClientError::RetryFailed(BackoffError::DeadlineExceded { source, .. }) => {
+            source.downcast_ref::<ClientError>().and_then(server_error)
+        }
         _ => None,
     }
 }
@@ -430,7 +472,7 @@ pub(super) mod tests {
     /// Only records the broker will never accept are parked. The defect of
     /// issue 25: CORRUPT_MESSAGE parked rows, though Kafka retries it.
     #[test]
-    fn only_four_codes_park_a_record_and_corrupt_message_is_retried() {
+    fn only_three_codes_park_a_record_and_corrupt_message_is_retried() {
         let refused: Vec<&str> = ERROR_CODES
             .iter()
             .filter(|row| row.disposition == Refuse)
@@ -441,10 +483,12 @@ pub(super) mod tests {
             [
                 "MESSAGE_TOO_LARGE",
                 "RECORD_LIST_TOO_LARGE",
-                "INVALID_TIMESTAMP",
                 "INVALID_RECORD"
             ]
         );
+        // The record's timestamp is the send time: a refused timestamp is
+        // the clocks' fault, for every record alike.
+        assert_eq!(disposition(&ProtocolError::InvalidTimestamp), Fail);
         assert_eq!(disposition(&ProtocolError::CorruptMessage), Retry);
         for fails in [
             ProtocolError::TopicAuthorizationFailed,
@@ -502,14 +546,14 @@ pub(super) mod tests {
     }
 
     #[test]
-    fn only_errors_about_the_records_are_refusals() {
-        for permanent in [
+    fn errors_are_classed_as_kafka_classes_them() {
+        for refused in [
             ProtocolError::MessageTooLarge,
             ProtocolError::RecordListTooLarge,
             ProtocolError::InvalidRecord,
-            ProtocolError::InvalidTimestamp,
         ] {
-            assert_eq!(server(permanent).refusal(), Some(permanent));
+            assert_eq!(server(refused).class(), ErrorClass::Refused, "{refused:?}");
+            assert!(!server(refused).leader_suspect());
         }
         for retriable in [
             ProtocolError::NotLeaderOrFollower,
@@ -520,16 +564,92 @@ pub(super) mod tests {
             ProtocolError::ThrottlingQuotaExceeded,
             ProtocolError::NetworkException,
             ProtocolError::UnknownTopicOrPartition,
-            ProtocolError::TopicAuthorizationFailed,
             // Kafka retries a CRC mismatch (issue 25: it parked rows).
             ProtocolError::CorruptMessage,
         ] {
-            assert_eq!(server(retriable).refusal(), None, "{retriable:?}");
+            assert_eq!(
+                server(retriable).class(),
+                ErrorClass::Retriable,
+                "{retriable:?}"
+            );
+        }
+        for fatal in [
+            ProtocolError::TopicAuthorizationFailed,
+            ProtocolError::ClusterAuthorizationFailed,
+            ProtocolError::UnsupportedVersion,
+            ProtocolError::InvalidTimestamp,
+            ProtocolError::Unknown(999),
+        ] {
+            assert_eq!(server(fatal).class(), ErrorClass::Fatal, "{fatal:?}");
+            assert!(
+                !server(fatal).leader_suspect(),
+                "no new connection per try: {fatal:?}"
+            );
         }
         let timeout = KafkaError::Timeout {
             operation: "produce",
             timeout: Duration::from_secs(1),
         };
-        assert_eq!(timeout.refusal(), None);
+        assert_eq!(timeout.class(), ErrorClass::Retriable);
+        assert!(timeout.leader_suspect());
+        assert_eq!(
+            KafkaError::TopicMissing("t".into()).class(),
+            ErrorClass::Fatal
+        );
+    }
+
+    #[test]
+    fn the_leader_is_looked_up_again_unless_it_answered_as_leader() {
+        for suspect in [
+            ProtocolError::NotLeaderOrFollower,
+            ProtocolError::LeaderNotAvailable,
+            ProtocolError::UnknownTopicOrPartition,
+            ProtocolError::RequestTimedOut,
+        ] {
+            assert!(server(suspect).leader_suspect(), "{suspect:?}");
+        }
+        for leader_fine in [
+            ProtocolError::NotEnoughReplicas,
+            ProtocolError::NotEnoughReplicasAfterAppend,
+            ProtocolError::ThrottlingQuotaExceeded,
+        ] {
+            assert!(!server(leader_fine).leader_suspect(), "{leader_fine:?}");
+        }
+    }
+
+    /// rskafka retries NOT_LEADER_OR_FOLLOWER and friends itself and wraps
+    /// the last one: it is classified by its code, not as a client error.
+    #[test]
+    fn wrapped_retries_are_unwrapped_before_they_are_classified() {
+        let KafkaError::Request { source, .. } = server(ProtocolError::NotLeaderOrFollower) else {
+            unreachable!()
+        };
+        let wrapped = KafkaError::Request {
+            operation: "produce",
+            source: ClientError::RetryFailed(BackoffError::DeadlineExceded {
+                deadline: Duration::ZERO,
+                source: Box::new(source),
+            }),
+        };
+        assert_eq!(wrapped.code(), "NOT_LEADER_OR_FOLLOWER");
+        assert_eq!(wrapped.class(), ErrorClass::Retriable);
+        assert!(wrapped.leader_suspect());
+        let KafkaError::Request { source, .. } = server(ProtocolError::TopicAuthorizationFailed)
+        else {
+            unreachable!()
+        };
+        let wrapped_auth = KafkaError::Request {
+            operation: "produce",
+            source: ClientError::RetryFailed(BackoffError::DeadlineExceded {
+                deadline: Duration::ZERO,
+                source: Box::new(source),
+            }),
+        };
+        assert_eq!(wrapped_auth.class(), ErrorClass::Fatal);
+        let sent = wrapped_auth.to_send_error();
+        assert_eq!(
+            (sent.class, sent.code.as_str()),
+            (ErrorClass::Fatal, "TOPIC_AUTHORIZATION_FAILED")
+        );
     }
 }

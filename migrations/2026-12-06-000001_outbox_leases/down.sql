@@ -1,0 +1,3 @@
+ALTER TABLE booking_expiration_outbox
+    DROP COLUMN claimed_until,
+    DROP COLUMN key_hash;

@@ -1,0 +1,209 @@
+//! [`MemoryStore`]: an outbox in memory, with the claim's rules (oldest
+//! first, leases, skipped topics and partitions).
+
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::{
+    db::{
+        DbError,
+        outbox::{ClaimedRow, key_hash},
+    },
+    events::Headers,
+    outbox::store::{Round, Store},
+};
+
+#[derive(Debug, Clone)]
+struct Row {
+    topic: String,
+    key: String,
+    key_hash: i32,
+    headers: Headers,
+    created_at: DateTime<Utc>,
+    published: bool,
+    parked: Option<String>,
+    leased_until: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    rows: BTreeMap<i64, Row>,
+    /// Ids of the rows neither published nor parked (what a claim scans,
+    /// as the partial index does).
+    open: std::collections::BTreeSet<i64>,
+    next_id: i64,
+    fail_rounds: usize,
+    rounds: usize,
+    /// The largest number of rows claimed and not yet published, parked
+    /// or released at once.
+    max_claimed: usize,
+}
+
+/// An outbox in memory; clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    state: Arc<Mutex<State>>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds an unpublished row for `key` (its `ce_id` header is a fresh
+    /// id); returns its id.
+    pub fn insert(&self, topic: &str, key: &str) -> i64 {
+        let mut state = self.state();
+        state.next_id += 1;
+        let id = state.next_id;
+        let headers = Headers::from_static([("ce_id", Uuid::new_v4().to_string())]);
+        state.rows.insert(
+            id,
+            Row {
+                topic: topic.to_owned(),
+                key: key.to_owned(),
+                key_hash: key_hash(key),
+                headers,
+                created_at: DateTime::UNIX_EPOCH,
+                published: false,
+                parked: None,
+                leased_until: None,
+            },
+        );
+        state.open.insert(id);
+        id
+    }
+
+    /// The next `n` rounds fail (the database is gone).
+    pub fn fail_rounds(&self, n: usize) {
+        self.state().fail_rounds = n;
+    }
+
+    pub fn published(&self) -> usize {
+        self.state().rows.values().filter(|r| r.published).count()
+    }
+
+    pub fn unpublished(&self) -> usize {
+        self.state()
+            .rows
+            .values()
+            .filter(|r| !r.published && r.parked.is_none())
+            .count()
+    }
+
+    /// Parked rows: key and reason.
+    pub fn parked(&self) -> Vec<(String, String)> {
+        self.state()
+            .rows
+            .values()
+            .filter_map(|r| r.parked.clone().map(|reason| (r.key.clone(), reason)))
+            .collect()
+    }
+
+    /// Rows whose lease is running now.
+    pub fn leased(&self) -> usize {
+        let now = Instant::now();
+        self.state()
+            .rows
+            .values()
+            .filter(|r| !r.published && r.leased_until.is_some_and(|until| until > now))
+            .count()
+    }
+
+    pub fn rounds(&self) -> usize {
+        self.state().rounds
+    }
+
+    pub fn max_claimed(&self) -> usize {
+        self.state().max_claimed
+    }
+}
+
+impl Store for MemoryStore {
+    async fn round(&self, round: Round) -> Result<Vec<ClaimedRow>, DbError> {
+        let mut state = self.state();
+        state.rounds += 1;
+        if state.fail_rounds > 0 {
+            state.fail_rounds -= 1;
+            return Err(DbError::Pool(
+                "the in-memory outbox was told to fail".into(),
+            ));
+        }
+        let now = Instant::now();
+        let state = &mut *state;
+        for id in &round.published {
+            if let Some(row) = state.rows.get_mut(id) {
+                row.published = true;
+                state.open.remove(id);
+            }
+        }
+        for (id, reason) in &round.parked {
+            if let Some(row) = state.rows.get_mut(id) {
+                row.parked = Some(reason.clone());
+                state.open.remove(id);
+            }
+        }
+        for id in &round.renew {
+            if let Some(row) = state.rows.get_mut(id).filter(|r| !r.published) {
+                row.leased_until = Some(now + round.lease);
+            }
+        }
+        for id in &round.release {
+            if let Some(row) = state.rows.get_mut(id) {
+                row.leased_until = None;
+            }
+        }
+        let mut claimed = Vec::new();
+        if let Some(claim) = &round.claim {
+            for id in &state.open {
+                if claimed.len() >= claim.limit as usize {
+                    break;
+                }
+                let Some(row) = state.rows.get_mut(id) else {
+                    continue;
+                };
+                let skipped = claim.skip_topics.contains(&row.topic)
+                    || claim.skip.iter().any(|(topic, count, partition)| {
+                        *topic == row.topic && row.key_hash % count == *partition
+                    });
+                if row.published
+                    || row.parked.is_some()
+                    || row.leased_until.is_some_and(|u| u > now)
+                    || skipped
+                {
+                    continue;
+                }
+                row.leased_until = Some(now + claim.lease);
+                claimed.push(ClaimedRow {
+                    id: *id,
+                    event_id: Uuid::nil(),
+                    topic: row.topic.clone(),
+                    message_key: row.key.clone(),
+                    payload: Vec::new(),
+                    headers: Ok(row.headers.clone()),
+                    created_at: row.created_at,
+                });
+            }
+        }
+        let held = state
+            .open
+            .iter()
+            .filter_map(|id| state.rows.get(id))
+            .filter(|r| r.leased_until.is_some_and(|u| u > now))
+            .count();
+        state.max_claimed = state.max_claimed.max(held);
+        Ok(claimed)
+    }
+}

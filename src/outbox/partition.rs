@@ -1,0 +1,321 @@
+//! One partition's queue: the claimed rows waiting for it, oldest first,
+//! the request on the way (at most one: a partition's records stay in
+//! order and a row is never sent while an earlier send of it may still be
+//! written), and the partition's own backoff. Pure: time comes in as an
+//! argument.
+
+use std::collections::VecDeque;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
+
+use super::{
+    Backoff,
+    timing::Timing,
+    transport::{ErrorClass, OutgoingRecord, SendError},
+};
+
+/// A claimed row, waiting for its partition or on the way.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub id: i64,
+    pub record: OutgoingRecord,
+    /// When the row was written (the outbox lag starts there).
+    pub created_at: DateTime<Utc>,
+    /// When its lease was taken or last renewed.
+    pub leased_at: Instant,
+}
+
+/// Why a partition's last try failed, while it lasts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Failing {
+    pub class: ErrorClass,
+    pub code: String,
+    pub since: Instant,
+}
+
+/// What became of a failed request.
+#[derive(Debug)]
+pub(crate) enum Failed {
+    /// The rows stay at the head of the queue and go again after the
+    /// partition's pause ([`PartitionQueue::ready_at`]).
+    Retry,
+    /// The broker refused a request of several records: they go again in
+    /// requests of half the size, at once.
+    Split,
+    /// The broker refused this row on its own: it leaves the queue to be
+    /// parked with `reason`.
+    Park { row: Box<Held>, reason: String },
+}
+
+#[derive(Debug)]
+pub(crate) struct PartitionQueue {
+    rows: VecDeque<Held>,
+    /// The first `in_flight` rows are in the request on the way.
+    in_flight: usize,
+    /// No request before this (the partition's backoff).
+    not_before: Option<Instant>,
+    retry: Backoff,
+    failing: Option<Failing>,
+    /// After a refusal of several records: at most `cap` records per
+    /// request until the `left` rows of the refused request are through.
+    split: Option<(usize, usize)>,
+}
+
+impl PartitionQueue {
+    pub(crate) fn new(timing: &Timing, rng: fastrand::Rng) -> Self {
+        Self {
+            rows: VecDeque::new(),
+            in_flight: 0,
+            not_before: None,
+            retry: Backoff::with_rng(timing.retry_first, timing.retry_max, rng),
+            failing: None,
+            split: None,
+        }
+    }
+
+    pub(crate) fn push(&mut self, row: Held) {
+        self.rows.push_back(row);
+    }
+
+    /// Rows held: waiting and on the way.
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub(crate) fn in_flight(&self) -> bool {
+        self.in_flight > 0
+    }
+
+    /// The records of the next request, at most `max`, when the partition
+    /// can send now: nothing on the way, its pause over, rows waiting.
+    pub(crate) fn take(&mut self, now: Instant, max: usize) -> Option<Vec<OutgoingRecord>> {
+        if self.in_flight > 0 || self.rows.is_empty() || self.ready_at().is_some_and(|at| at > now)
+        {
+            return None;
+        }
+        let cap = self.split.map_or(max, |(cap, _)| cap.min(max)).max(1);
+        self.in_flight = cap.min(self.rows.len());
+        Some(
+            self.rows
+                .iter()
+                .take(self.in_flight)
+                .map(|row| row.record.clone())
+                .collect(),
+        )
+    }
+
+    /// When the partition may send again, while it pauses.
+    pub(crate) fn ready_at(&self) -> Option<Instant> {
+        self.not_before
+    }
+
+    /// The request on the way was acknowledged: its rows leave the queue.
+    /// Returns them, and how long the partition had been failing if it was.
+    pub(crate) fn acked(&mut self) -> (Vec<Held>, Option<Failing>) {
+        let sent = std::mem::take(&mut self.in_flight);
+        let rows: Vec<Held> = self.rows.drain(..sent).collect();
+        self.retry.reset();
+        self.not_before = None;
+        if let Some((cap, left)) = self.split {
+            self.split = (left > sent).then(|| (cap, left - sent));
+        }
+        let recovered = self.failing.take();
+        (rows, recovered)
+    }
+
+    /// The request on the way failed with `error` at `now`.
+    pub(crate) fn failed(&mut self, error: &SendError, now: Instant, timing: &Timing) -> Failed {
+        let sent = std::mem::take(&mut self.in_flight);
+        if self
+            .failing
+            .as_ref()
+            .is_none_or(|f| f.code != error.code || f.class != error.class)
+        {
+            self.failing = Some(Failing {
+                class: error.class,
+                code: error.code.clone(),
+                since: now,
+            });
+        }
+        match error.class {
+            ErrorClass::Refused if sent > 1 => {
+                // Within an earlier split, its region stays the one to get through.
+                let left = self.split.map_or(sent, |(_, left)| left.max(sent));
+                self.split = Some((sent / 2, left));
+                self.not_before = None;
+                Failed::Split
+            }
+            ErrorClass::Refused => {
+                let Some(row) = self.rows.pop_front() else {
+                    // Nothing was on the way (the queue was reset): nothing to park.
+                    return Failed::Retry;
+                };
+                if let Some((cap, left)) = self.split {
+                    self.split = (left > 1).then(|| (cap, left - 1));
+                }
+                self.failing = None;
+                Failed::Park {
+                    row: Box::new(row),
+                    reason: format!("{}: {}", error.code, error.message),
+                }
+            }
+            ErrorClass::Retriable => {
+                self.not_before = Some(now + self.retry.next_delay());
+                Failed::Retry
+            }
+            ErrorClass::Fatal => {
+                self.not_before = Some(now + timing.fatal_pause);
+                Failed::Retry
+            }
+        }
+    }
+
+    /// The last try failed (and its rows still wait).
+    pub(crate) fn failing(&self) -> Option<&Failing> {
+        self.failing.as_ref().filter(|_| !self.rows.is_empty())
+    }
+
+    pub(crate) fn rows(&self) -> impl Iterator<Item = &Held> {
+        self.rows.iter()
+    }
+
+    pub(crate) fn rows_mut(&mut self) -> impl Iterator<Item = &mut Held> {
+        self.rows.iter_mut()
+    }
+
+    /// Takes the rows that are not on the way (the topic is re-routed).
+    pub(crate) fn drain_waiting(&mut self) -> Vec<Held> {
+        self.rows.drain(self.in_flight..).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::events::Headers;
+
+    fn row(id: i64, now: Instant) -> Held {
+        Held {
+            id,
+            record: OutgoingRecord {
+                key: format!("k{id}"),
+                value: vec![],
+                headers: Headers::default(),
+                timestamp: DateTime::UNIX_EPOCH,
+            },
+            created_at: DateTime::UNIX_EPOCH,
+            leased_at: now,
+        }
+    }
+
+    fn queue(ids: std::ops::Range<i64>, now: Instant) -> PartitionQueue {
+        let mut q = PartitionQueue::new(&Timing::default(), fastrand::Rng::with_seed(1));
+        for id in ids {
+            q.push(row(id, now));
+        }
+        q
+    }
+
+    fn keys(records: &[OutgoingRecord]) -> Vec<&str> {
+        records.iter().map(|r| r.key.as_str()).collect()
+    }
+
+    #[test]
+    fn one_request_at_a_time_in_order() {
+        let t0 = Instant::now();
+        let mut q = queue(0..5, t0);
+        assert_eq!(keys(&q.take(t0, 3).unwrap()), ["k0", "k1", "k2"]);
+        assert!(
+            q.take(t0, 3).is_none(),
+            "nothing while a request is on the way"
+        );
+        let (acked, recovered) = q.acked();
+        assert_eq!(acked.iter().map(|r| r.id).collect::<Vec<_>>(), [0, 1, 2]);
+        assert!(recovered.is_none());
+        assert_eq!(keys(&q.take(t0, 3).unwrap()), ["k3", "k4"]);
+    }
+
+    #[test]
+    fn a_retriable_failure_pauses_and_sends_the_same_rows_again() {
+        let t0 = Instant::now();
+        let timing = Timing::default();
+        let mut q = queue(0..2, t0);
+        q.take(t0, 10).unwrap();
+        let error = SendError::new(ErrorClass::Retriable, "NOT_ENOUGH_REPLICAS", "x");
+        assert!(matches!(q.failed(&error, t0, &timing), Failed::Retry));
+        let pause = q.ready_at().unwrap() - t0;
+        assert!(pause >= timing.retry_first / 2 && pause <= timing.retry_first);
+        assert!(q.take(t0 + pause / 2, 10).is_none(), "pausing");
+        assert!(q.failing().is_some());
+        let later = t0 + pause;
+        assert_eq!(keys(&q.take(later, 10).unwrap()), ["k0", "k1"]);
+        // The pauses grow to the cap and no further.
+        let mut now = later;
+        for _ in 0..10 {
+            assert!(matches!(q.failed(&error, now, &timing), Failed::Retry));
+            let pause = q.ready_at().unwrap() - now;
+            assert!(pause <= timing.retry_max);
+            now += pause;
+            q.take(now, 10).unwrap();
+        }
+        let (acked, recovered) = q.acked();
+        assert_eq!(acked.len(), 2);
+        assert_eq!(
+            recovered.unwrap().since,
+            t0,
+            "failing since the first failure"
+        );
+        assert!(q.failing().is_none());
+    }
+
+    #[test]
+    fn a_fatal_failure_pauses_for_the_fatal_pause() {
+        let t0 = Instant::now();
+        let timing = Timing::default();
+        let mut q = queue(0..1, t0);
+        q.take(t0, 10).unwrap();
+        let error = SendError::new(ErrorClass::Fatal, "TOPIC_AUTHORIZATION_FAILED", "x");
+        q.failed(&error, t0, &timing);
+        assert!(
+            q.take(t0 + timing.fatal_pause - Duration::from_millis(1), 10)
+                .is_none()
+        );
+        assert!(q.take(t0 + timing.fatal_pause, 10).is_some());
+    }
+
+    #[test]
+    fn a_refused_request_is_split_down_to_the_record_at_fault() {
+        let t0 = Instant::now();
+        let timing = Timing::default();
+        let mut q = queue(0..4, t0);
+        let refused = SendError::new(ErrorClass::Refused, "MESSAGE_TOO_LARGE", "too large");
+        q.take(t0, 10).unwrap();
+        assert!(matches!(q.failed(&refused, t0, &timing), Failed::Split));
+        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k0", "k1"]);
+        assert!(matches!(q.failed(&refused, t0, &timing), Failed::Split));
+        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k0"]);
+        q.acked();
+        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k1"]);
+        let Failed::Park {
+            row: parked,
+            reason,
+        } = q.failed(&refused, t0, &timing)
+        else {
+            panic!("park")
+        };
+        assert_eq!(
+            (parked.id, reason.as_str()),
+            (1, "MESSAGE_TOO_LARGE: too large")
+        );
+        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k2"], "still split");
+        q.acked();
+        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k3"]);
+        q.acked();
+        q.push(row(4, t0));
+        q.push(row(5, t0));
+        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k4", "k5"], "whole again");
+    }
+}

@@ -1,0 +1,567 @@
+//! The publisher's pipeline, after the Java producer's: rows are claimed
+//! continuously (bounded in flight), routed to their partition's queue,
+//! sent when that partition can take them, and marked published as their
+//! acknowledgements arrive. One task runs it, waiting on whichever comes
+//! first:
+//!
+//! - a request's answer: its rows leave the queue to be marked, or stay at
+//!   its head while the partition backs off on its own;
+//! - the database round (at most one at a time, so the publisher uses at
+//!   most one connection, and only for a short transaction): marks what was
+//!   acknowledged since the last round, parks, renews leases, claims;
+//! - a topic's partition count (metadata), read when unknown and every
+//!   `Timing::metadata_max_age`;
+//! - a commit notification or the poll tick (new rows may be waiting);
+//! - the earliest pause that ends.
+//!
+//! Nothing waits for anything it does not depend on: a partition that
+//! cannot be written keeps its rows (at most its share of memory, and the
+//! claim leaves its other rows in the outbox) and takes nothing from the
+//! others; no database transaction is open while a request is on the way.
+
+use std::{pin::Pin, sync::Arc, time::Duration};
+
+use futures_util::{StreamExt, stream::FuturesUnordered};
+use tokio::{sync::Notify, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Backoff,
+    partition::Held,
+    queues::{Queues, Room, Send},
+    report::{Line, Reports},
+    store::{Round, Store},
+    timing::Timing,
+    transport::{ErrorClass, SendError, Transport},
+};
+use crate::{
+    clock::Clock,
+    db::{
+        DbError,
+        outbox::{Claim, ClaimedRow},
+    },
+    telemetry::{ErrorChain, Health, Metrics},
+};
+
+/// The park reason's code for a row that cannot be turned into a record.
+pub const CORRUPT_ROW: &str = "CORRUPT_ROW";
+
+/// What a run of the pipeline did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Rows the broker acknowledged.
+    pub published: u64,
+    /// Rows parked (refused for good, or not a record).
+    pub parked: u64,
+}
+
+type Boxed<T> = Pin<Box<dyn Future<Output = T> + std::marker::Send>>;
+
+/// A request's answer: topic, partition, how long it took, the result.
+type Answer = (String, i32, Duration, Result<(), SendError>);
+
+/// What the pipeline waits for next.
+enum Event {
+    Answer(Answer),
+    Round(Round, Result<Vec<ClaimedRow>, DbError>, Instant),
+    Metadata(String, Result<i32, SendError>),
+    Stop,
+    Wake,
+    Timer,
+}
+
+/// When a run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// At shutdown (`run`).
+    Shutdown,
+    /// When nothing is left to claim or send (tests, benches).
+    Idle,
+}
+
+/// The parts a run shares with its requests and rounds.
+pub(crate) struct Parts<T, S> {
+    pub transport: Arc<T>,
+    pub store: Arc<S>,
+    pub timing: Timing,
+    pub request_max: usize,
+    pub max_held: usize,
+    pub topic: String,
+    pub clock: Arc<dyn Clock>,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    pub seed: Option<u64>,
+}
+
+/// One run of the pipeline.
+pub(crate) struct Run<'a, T, S> {
+    parts: &'a Parts<T, S>,
+    queues: Queues,
+    reports: Reports,
+    /// Acknowledged rows not yet marked.
+    published: Vec<i64>,
+    parked: Vec<(i64, String)>,
+    /// Renewals of a round that failed, for the next.
+    renew_again: Vec<i64>,
+    /// Rows may be waiting in the outbox: set by what can bring some (a
+    /// commit notification, the poll tick, a full claim, a partition the
+    /// last claim left out draining), cleared when a claim starts.
+    more: bool,
+    /// What the last claim left out.
+    skipped: Room,
+    stopping: Option<Instant>,
+    /// The last round (releasing what is held) has started.
+    released: bool,
+    next_poll: Instant,
+    database_retry: Backoff,
+    database_ready_at: Instant,
+    answers: FuturesUnordered<Boxed<Answer>>,
+    round: Option<Boxed<(Round, Result<Vec<ClaimedRow>, DbError>, Instant)>>,
+    metadata: Option<Boxed<(String, Result<i32, SendError>)>>,
+    done: Published,
+}
+
+impl<'a, T: Transport, S: Store> Run<'a, T, S> {
+    pub(crate) fn new(parts: &'a Parts<T, S>) -> Self {
+        let timing = parts.timing;
+        let mut rng = parts
+            .seed
+            .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
+        let now = Instant::now();
+        let mut queues = Queues::new(timing, parts.request_max, parts.max_held, rng.fork());
+        queues.watch(&parts.topic);
+        Self {
+            parts,
+            queues,
+            reports: Reports::new(timing.report_every),
+            published: Vec::new(),
+            parked: Vec::new(),
+            renew_again: Vec::new(),
+            more: true,
+            skipped: Room::default(),
+            stopping: None,
+            released: false,
+            next_poll: now + timing.poll_interval,
+            database_retry: Backoff::with_rng(
+                timing.database_retry_first,
+                timing.database_retry_max,
+                rng,
+            ),
+            database_ready_at: now,
+            answers: FuturesUnordered::new(),
+            round: None,
+            metadata: None,
+            done: Published::default(),
+        }
+    }
+
+    /// Runs until `until`; returns what it published.
+    pub(crate) async fn run(
+        mut self,
+        wake: &Notify,
+        shutdown: &CancellationToken,
+        until: Until,
+    ) -> Published {
+        loop {
+            let now = Instant::now();
+            if self.stopping.is_none() {
+                self.start_sends(now);
+                self.start_metadata(now);
+            }
+            self.start_round(now);
+            if self.finished(until, now) {
+                break;
+            }
+            let wake_at = self.wake_at(now);
+            let event = tokio::select! {
+                biased;
+                Some(answer) = self.answers.next(), if !self.answers.is_empty() => Event::Answer(answer),
+                (round, result, started) = pending_or(&mut self.round) => Event::Round(round, result, started),
+                (topic, result) = pending_or(&mut self.metadata) => Event::Metadata(topic, result),
+                () = shutdown.cancelled(), if self.stopping.is_none() => Event::Stop,
+                () = wake.notified(), if self.stopping.is_none() => Event::Wake,
+                () = tokio::time::sleep_until(wake_at) => Event::Timer,
+            };
+            let now = Instant::now();
+            match event {
+                Event::Answer(answer) => self.answered(answer, now),
+                Event::Round(round, result, started) => {
+                    self.round_done(round, result, started, now)
+                }
+                Event::Metadata(topic, result) => self.metadata_done(&topic, result, now),
+                Event::Stop => self.stopping = Some(now + self.parts.timing.stop_wait),
+                Event::Wake => self.more = true,
+                Event::Timer if now >= self.next_poll => {
+                    self.more = true;
+                    self.next_poll = now + self.parts.timing.poll_interval;
+                }
+                Event::Timer => {}
+            }
+            self.update_health();
+        }
+        self.done
+    }
+
+    /// Whether the run is over. Idle: nothing to claim, hold or mark.
+    /// Stopping: once every request on the way was answered (or
+    /// `Timing::stop_wait` passed), the rows still held are released in a
+    /// last round with the last marks, and the run ends when that round
+    /// has (whatever its result: rows it could not release come back when
+    /// their lease ends).
+    fn finished(&mut self, until: Until, now: Instant) -> bool {
+        let quiet = self.round.is_none() && self.answers.is_empty() && self.metadata.is_none();
+        if until == Until::Idle
+            && quiet
+            && !self.more
+            && self.queues.held() == 0
+            && self.published.is_empty()
+            && self.parked.is_empty()
+        {
+            return true;
+        }
+        let Some(stop_at) = self.stopping else {
+            return false;
+        };
+        if self.released {
+            return self.round.is_none();
+        }
+        if (!self.answers.is_empty() && now < stop_at) || self.round.is_some() {
+            return false;
+        }
+        // Requests still on the way are dropped: their rows go back to the
+        // outbox with the others (the broker may have written them).
+        self.answers = FuturesUnordered::new();
+        self.metadata = None;
+        let release = self.queues.release_all();
+        self.released = true;
+        self.start_round_with(release, now);
+        self.round.is_none()
+    }
+
+    /// When to look again if nothing arrives: the earliest pause that ends
+    /// after `now`. A time already past is left out: what is due then is
+    /// waiting for something on the way (a round, a metadata read) whose
+    /// end wakes the loop anyway.
+    fn wake_at(&self, now: Instant) -> Instant {
+        let pauses = [
+            (self.stopping.is_none())
+                .then(|| self.queues.next_wake())
+                .flatten(),
+            self.queues.next_renewal(),
+            self.stopping,
+            Some(self.database_ready_at),
+        ];
+        pauses
+            .into_iter()
+            .flatten()
+            .filter(|at| *at > now)
+            .fold(self.next_poll.max(now), Instant::min)
+    }
+
+    fn start_sends(&mut self, now: Instant) {
+        for Send {
+            topic,
+            partition,
+            records,
+        } in self.queues.ready(now)
+        {
+            let transport = Arc::clone(&self.parts.transport);
+            let timeout = self.parts.timing.request_timeout;
+            self.answers.push(Box::pin(async move {
+                let started = Instant::now();
+                let result = match tokio::time::timeout(timeout, transport.produce(&topic, partition, records)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(SendError::new(
+                        ErrorClass::Retriable,
+                        "CLIENT_TIMEOUT",
+                        format!("no answer to the produce request within {timeout:?} (KAFKA_REQUEST_TIMEOUT)"),
+                    )),
+                };
+                (topic, partition, started.elapsed(), result)
+            }));
+        }
+    }
+
+    fn start_metadata(&mut self, now: Instant) {
+        if self.metadata.is_some() {
+            return;
+        }
+        let Some(topic) = self.queues.metadata_due(now) else {
+            return;
+        };
+        let transport = Arc::clone(&self.parts.transport);
+        let timeout = self.parts.timing.request_timeout;
+        self.parts
+            .metrics
+            .kafka_metadata_refreshes
+            .get_or_create(&crate::telemetry::metrics::ReasonLabel {
+                reason: if self.queues.topic_known(&topic) {
+                    "periodic"
+                } else {
+                    "connect"
+                },
+            })
+            .inc();
+        self.metadata = Some(Box::pin(async move {
+            let result = match tokio::time::timeout(timeout, transport.partitions(&topic)).await {
+                Ok(result) => result,
+                Err(_) => Err(SendError::new(
+                    ErrorClass::Retriable,
+                    "CLIENT_TIMEOUT",
+                    format!(
+                        "no answer to the metadata request within {timeout:?} (KAFKA_REQUEST_TIMEOUT)"
+                    ),
+                )),
+            };
+            (topic, result)
+        }));
+    }
+
+    /// Starts a database round when one is due and none is on the way.
+    fn start_round(&mut self, now: Instant) {
+        if self.round.is_none() && now >= self.database_ready_at && !self.released {
+            self.start_round_with(Vec::new(), now);
+        }
+    }
+
+    fn start_round_with(&mut self, release: Vec<i64>, now: Instant) {
+        let timing = self.parts.timing;
+        let mut renew = std::mem::take(&mut self.renew_again);
+        renew.extend(self.queues.renew_due(now));
+        let room = self.queues.room();
+        let claim = (self.stopping.is_none() && self.more && room.limit > 0).then(|| Claim {
+            limit: room.limit as u32,
+            lease: timing.lease,
+            skip_topics: room.skip_topics.clone(),
+            skip: room.skip.clone(),
+        });
+        let round = Round {
+            published: std::mem::take(&mut self.published),
+            parked: std::mem::take(&mut self.parked),
+            renew,
+            lease: timing.lease,
+            release,
+            claim,
+        };
+        if round.is_empty() {
+            return;
+        }
+        if round.claim.is_some() {
+            // Taken now: what arrives from here on (a notification, a
+            // partition that drained) asks for the next claim.
+            self.more = false;
+            self.skipped = room;
+        }
+        let store = Arc::clone(&self.parts.store);
+        self.round = Some(Box::pin(async move {
+            let result = store.round(round.clone()).await;
+            (round, result, now)
+        }));
+    }
+
+    fn round_done(
+        &mut self,
+        round: Round,
+        result: Result<Vec<ClaimedRow>, DbError>,
+        started: Instant,
+        now: Instant,
+    ) {
+        match result {
+            Ok(rows) => {
+                self.database_retry.reset();
+                if self.reports.recovered("database") {
+                    tracing::info!("outbox database rounds succeed again");
+                }
+                if let Some(claim) = &round.claim
+                    && rows.len() >= claim.limit as usize
+                {
+                    self.more = true;
+                }
+                self.done.parked += round.parked.len() as u64;
+                for row in rows {
+                    self.claimed(row, started);
+                }
+            }
+            Err(error) => {
+                self.parts.metrics.outbox_publish_errors.inc();
+                let pause = self.database_retry.next_delay();
+                self.database_ready_at = now + pause;
+                if self.reports.failed("database", now).is_some() {
+                    tracing::warn!(error = %ErrorChain(&error), retry_in_ms = pause.as_millis() as u64, "outbox database round failed; acknowledged rows are marked with the next round, the rows stay in the outbox");
+                }
+                self.published.extend(round.published);
+                self.parked.extend(round.parked);
+                self.renew_again.extend(round.renew);
+                if round.claim.is_some() {
+                    self.more = true;
+                }
+                if !round.release.is_empty() {
+                    // Stopping: the leases end on their own.
+                    tracing::warn!(
+                        rows = round.release.len(),
+                        "could not release the rows this instance held; another instance takes them when their lease ends"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A claimed row: to its partition's queue, or parked when it cannot
+    /// become a record.
+    fn claimed(&mut self, row: ClaimedRow, leased_at: Instant) {
+        if let Some(defect) = row.defect() {
+            tracing::warn!(event_id = %row.event_id, reason = %defect, "outbox row parked: it is not a record");
+            self.parked
+                .push((row.id, format!("{CORRUPT_ROW}: {defect}")));
+            return;
+        }
+        let Ok(headers) = row.headers else { return };
+        let held = Held {
+            id: row.id,
+            record: super::transport::OutgoingRecord {
+                key: row.message_key,
+                value: row.payload,
+                headers,
+                // The broker bounds how far a timestamp may be from its
+                // clock: the record carries the publish time.
+                timestamp: self.parts.clock.now(),
+            },
+            created_at: row.created_at,
+            leased_at,
+        };
+        self.queues.add(&row.topic, held);
+    }
+
+    fn answered(&mut self, (topic, partition, took, result): Answer, now: Instant) {
+        let metrics = &self.parts.metrics;
+        metrics
+            .outbox_produce_duration_seconds
+            .observe(took.as_secs_f64());
+        let completed = self.queues.complete(&topic, partition, &result, now);
+        let subject = format!("{topic}/{partition}");
+        if !completed.acked.is_empty() {
+            let acked_at = self.parts.clock.now();
+            for row in &completed.acked {
+                let lag = (acked_at - row.created_at).num_microseconds().unwrap_or(0) as f64 / 1e6;
+                metrics.outbox_commit_to_ack_seconds.observe(lag.max(0.0));
+            }
+            metrics
+                .outbox_published
+                .inc_by(completed.acked.len() as u64);
+            self.done.published += completed.acked.len() as u64;
+            self.published
+                .extend(completed.acked.iter().map(|row| row.id));
+        }
+        if let Some(failing) = completed.recovered {
+            self.reports.recovered(&subject);
+            tracing::info!(topic, partition, after_ms = (now - failing.since).as_millis() as u64, code = %failing.code, "partition publishes again");
+        }
+        if let Some((row, reason)) = completed.parked {
+            tracing::warn!(topic, partition, reason = %reason, "record refused by the broker for good; its outbox row is parked (see `status`, then `outbox retry`)");
+            self.parked.push((row.id, reason));
+        }
+        if let Err(error) = &result {
+            metrics.produce_error(&error.code);
+            metrics.outbox_publish_errors.inc();
+            if error.class != ErrorClass::Refused {
+                self.report(&subject, &topic, Some(partition), error, now);
+            }
+        }
+        // Its rows left the queue: a partition the last claim left out may
+        // take more.
+        if self
+            .skipped
+            .skip
+            .iter()
+            .any(|(t, _, p)| *t == topic && *p == partition)
+        {
+            self.more = true;
+        }
+    }
+
+    fn metadata_done(&mut self, topic: &str, result: Result<i32, SendError>, now: Instant) {
+        match result {
+            Ok(count) => {
+                if topic == self.parts.topic {
+                    self.parts.health.set_broker_reachable(true);
+                }
+                if self.reports.recovered(topic) {
+                    tracing::info!(topic, partitions = count, "topic readable again");
+                }
+                if let Some((before, after)) = self.queues.set_partitions(topic, count, now)
+                    && before > 0
+                {
+                    tracing::warn!(
+                        topic,
+                        before,
+                        after,
+                        "partition count changed; keys map to the new partitions from now on"
+                    );
+                }
+                if self.skipped.skip_topics.iter().any(|t| t == topic) {
+                    self.more = true;
+                }
+            }
+            Err(error) => {
+                if topic == self.parts.topic {
+                    self.parts.health.set_broker_reachable(false);
+                }
+                self.parts.metrics.produce_error(&error.code);
+                self.queues.metadata_failed(topic, &error, now);
+                self.report(topic, topic, None, &error, now);
+            }
+        }
+    }
+
+    /// Logs a failure of `subject` when one is due (see `report`).
+    fn report(
+        &mut self,
+        subject: &str,
+        topic: &str,
+        partition: Option<i32>,
+        error: &SendError,
+        now: Instant,
+    ) {
+        let Some(line) = self.reports.failed(subject, now) else {
+            return;
+        };
+        let failed = match line {
+            Line::First => 1,
+            Line::Still { failed } => failed,
+        };
+        let what = if partition.is_some() {
+            "partition cannot be written"
+        } else {
+            "topic cannot be read"
+        };
+        match error.class {
+            ErrorClass::Fatal => {
+                tracing::error!(topic, partition, code = %error.code, failed, error = %error.message, "{what} until an operator acts (its rows wait in the outbox; tried again every {:?})", self.parts.timing.fatal_pause)
+            }
+            _ => {
+                tracing::warn!(topic, partition, code = %error.code, failed, error = %error.message, "{what}; its rows wait and it is tried again (the other partitions go on)")
+            }
+        }
+    }
+
+    fn update_health(&self) {
+        let (failing, fatal) = self.queues.failing();
+        self.parts.health.set_partitions_failing(failing, fatal);
+        let metrics = &self.parts.metrics;
+        metrics.outbox_partitions_failing.set(failing as i64);
+        metrics.outbox_held.set(self.queues.held() as i64);
+    }
+}
+
+/// The output of the future in `slot`, which is then emptied; pending
+/// forever while the slot is empty.
+async fn pending_or<T>(slot: &mut Option<Boxed<T>>) -> T {
+    match slot {
+        Some(future) => {
+            let output = future.await;
+            *slot = None;
+            output
+        }
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,401 @@
+//! The partition queues (the Java producer's accumulator): claimed rows
+//! routed by topic and partition, what is ready to send, what the next
+//! claim may take, and the leases of the rows held. Pure: time comes in as
+//! an argument, and the pipeline does the I/O.
+//!
+//! Memory is bounded: at most `max_held` rows in all. A partition is left
+//! out of claims once it holds its share, `max_held / (4 × the
+//! partitions)` (at least one row), and one claim takes at most a share,
+//! so no partition ever holds two shares. However many partitions stop
+//! taking records, their rows fill less than half of `max_held`; the other
+//! half is always there for the partitions that publish.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use tokio::time::Instant;
+
+use super::{
+    Backoff,
+    partition::{Failed, Failing, Held, PartitionQueue},
+    timing::Timing,
+    transport::{OutgoingRecord, SendError},
+};
+
+/// A request to send: one partition's next records.
+#[derive(Debug)]
+pub(crate) struct Send {
+    pub topic: String,
+    pub partition: i32,
+    pub records: Vec<OutgoingRecord>,
+}
+
+/// What the next claim may take.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Room {
+    pub limit: usize,
+    pub skip_topics: Vec<String>,
+    /// `(topic, partition count, partition)`.
+    pub skip: Vec<(String, i32, i32)>,
+}
+
+/// What became of a request, for the pipeline to act on.
+#[derive(Debug, Default)]
+pub(crate) struct Completed {
+    /// Rows the broker acknowledged.
+    pub acked: Vec<Held>,
+    /// A row the broker refused for good, and why.
+    pub parked: Option<(Held, String)>,
+    /// The partition publishes again after failing (how it failed).
+    pub recovered: Option<Failing>,
+}
+
+#[derive(Debug)]
+struct Topic {
+    /// Empty until the partition count is known.
+    partitions: Vec<PartitionQueue>,
+    /// Rows claimed before the count is known.
+    unrouted: VecDeque<Held>,
+    fetched_at: Option<Instant>,
+    not_before: Option<Instant>,
+    retry: Backoff,
+    failing: Option<Failing>,
+    fetching: bool,
+}
+
+/// Every partition queue of the publisher.
+#[derive(Debug)]
+pub(crate) struct Queues {
+    topics: BTreeMap<String, Topic>,
+    timing: Timing,
+    /// At most this many records per request.
+    request_max: usize,
+    max_held: usize,
+    held: usize,
+    rng: fastrand::Rng,
+}
+
+impl Queues {
+    pub(crate) fn new(
+        timing: Timing,
+        request_max: usize,
+        max_held: usize,
+        rng: fastrand::Rng,
+    ) -> Self {
+        Self {
+            topics: BTreeMap::new(),
+            timing,
+            request_max: request_max.max(1),
+            max_held: max_held.max(1),
+            held: 0,
+            rng,
+        }
+    }
+
+    /// Makes `topic` known (its metadata is read even before rows arrive).
+    pub(crate) fn watch(&mut self, topic: &str) {
+        if !self.topics.contains_key(topic) {
+            let topic_state = Topic {
+                partitions: Vec::new(),
+                unrouted: VecDeque::new(),
+                fetched_at: None,
+                not_before: None,
+                retry: Backoff::with_rng(
+                    self.timing.retry_first,
+                    self.timing.retry_max,
+                    self.rng.fork(),
+                ),
+                failing: None,
+                fetching: false,
+            };
+            self.topics.insert(topic.to_owned(), topic_state);
+        }
+    }
+
+    /// Rows held: waiting and on the way.
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Adds a claimed row to its partition's queue.
+    pub(crate) fn add(&mut self, topic: &str, row: Held) {
+        self.watch(topic);
+        self.held += 1;
+        if let Some(t) = self.topics.get_mut(topic) {
+            route(t, row);
+        }
+    }
+
+    /// The partition count of `topic` was read at `now`.
+    pub(crate) fn set_partitions(
+        &mut self,
+        topic: &str,
+        count: i32,
+        now: Instant,
+    ) -> Option<(usize, usize)> {
+        self.watch(topic);
+        let (timing, rng) = (self.timing, &mut self.rng);
+        let t = self.topics.get_mut(topic)?;
+        t.fetching = false;
+        t.fetched_at = Some(now);
+        t.not_before = None;
+        t.failing = None;
+        t.retry.reset();
+        let count = usize::try_from(count).unwrap_or(0).max(1);
+        let before = t.partitions.len();
+        if count < before {
+            // Kafka never shrinks a topic; a recreated one starts over.
+            let mut waiting: Vec<Held> = t
+                .partitions
+                .iter_mut()
+                .flat_map(PartitionQueue::drain_waiting)
+                .collect();
+            waiting.sort_by_key(|row| row.id);
+            t.partitions.retain(PartitionQueue::in_flight);
+            t.unrouted.extend(waiting);
+        }
+        while t.partitions.len() < count {
+            t.partitions.push(PartitionQueue::new(&timing, rng.fork()));
+        }
+        for row in std::mem::take(&mut t.unrouted) {
+            route(t, row);
+        }
+        (before != count).then_some((before, count))
+    }
+
+    /// Reading `topic`'s partition count failed at `now`.
+    pub(crate) fn metadata_failed(
+        &mut self,
+        topic: &str,
+        error: &SendError,
+        now: Instant,
+    ) -> Option<Failing> {
+        let fatal_pause = self.timing.fatal_pause;
+        let t = self.topics.get_mut(topic)?;
+        t.fetching = false;
+        let pause = match error.class {
+            super::transport::ErrorClass::Retriable => t.retry.next_delay(),
+            _ => fatal_pause,
+        };
+        t.not_before = Some(now + pause);
+        if t.failing.as_ref().is_none_or(|f| f.code != error.code) {
+            t.failing = Some(Failing {
+                class: error.class,
+                code: error.code.clone(),
+                since: now,
+            });
+        }
+        t.failing.clone()
+    }
+
+    /// A topic whose partition count is to be read now: unknown (or failed
+    /// and its pause over), or older than `metadata_max_age`. It is marked
+    /// as being read.
+    pub(crate) fn metadata_due(&mut self, now: Instant) -> Option<String> {
+        let max_age = self.timing.metadata_max_age;
+        let (name, t) = self.topics.iter_mut().find(|(_, t)| {
+            !t.fetching
+                && t.not_before.is_none_or(|at| at <= now)
+                && t.fetched_at.is_none_or(|at| at + max_age <= now)
+        })?;
+        t.fetching = true;
+        Some(name.clone())
+    }
+
+    /// The requests that can go now: one per partition that has rows, has
+    /// nothing on the way and is not pausing.
+    pub(crate) fn ready(&mut self, now: Instant) -> Vec<Send> {
+        let max = self.request_max;
+        let mut sends = Vec::new();
+        for (topic, t) in &mut self.topics {
+            for (partition, queue) in t.partitions.iter_mut().enumerate() {
+                if let Some(records) = queue.take(now, max) {
+                    sends.push(Send {
+                        topic: topic.clone(),
+                        partition: partition as i32,
+                        records,
+                    });
+                }
+            }
+        }
+        sends
+    }
+
+    /// The request to `partition` of `topic` ended with `result` at `now`.
+    pub(crate) fn complete(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        result: &Result<(), SendError>,
+        now: Instant,
+    ) -> Completed {
+        let timing = self.timing;
+        let Some(queue) = self
+            .topics
+            .get_mut(topic)
+            .and_then(|t| t.partitions.get_mut(usize::try_from(partition).ok()?))
+        else {
+            return Completed::default();
+        };
+        let completed = match result {
+            Ok(()) => {
+                let (acked, recovered) = queue.acked();
+                Completed {
+                    acked,
+                    parked: None,
+                    recovered,
+                }
+            }
+            Err(error) => match queue.failed(error, now, &timing) {
+                Failed::Park { row, reason } => Completed {
+                    parked: Some((*row, reason)),
+                    ..Completed::default()
+                },
+                Failed::Retry | Failed::Split => Completed::default(),
+            },
+        };
+        self.held -= completed.acked.len() + usize::from(completed.parked.is_some());
+        completed
+    }
+
+    /// The earliest time something pauses until: a partition with rows, or
+    /// a topic's next metadata read.
+    pub(crate) fn next_wake(&self) -> Option<Instant> {
+        let max_age = self.timing.metadata_max_age;
+        self.topics
+            .values()
+            .flat_map(|t| {
+                let partitions = t
+                    .partitions
+                    .iter()
+                    .filter(|q| q.len() > 0 && !q.in_flight())
+                    .filter_map(PartitionQueue::ready_at);
+                let metadata = (!t.fetching)
+                    .then(|| t.not_before.or(t.fetched_at.map(|at| at + max_age)))
+                    .flatten();
+                partitions.chain(metadata)
+            })
+            .min()
+    }
+
+    /// What the next claim may take: the room left (at most a share), less
+    /// the topics and partitions that hold their share.
+    pub(crate) fn room(&self) -> Room {
+        let known: usize = self
+            .topics
+            .values()
+            .map(|t| t.partitions.len().max(1))
+            .sum();
+        let share = (self.max_held / (4 * known.max(1))).max(1);
+        let limit = self
+            .max_held
+            .saturating_sub(self.held)
+            .min(self.request_max)
+            .min(share);
+        let mut room = Room {
+            limit,
+            ..Room::default()
+        };
+        for (name, t) in &self.topics {
+            if t.partitions.is_empty() {
+                if t.unrouted.len() >= share {
+                    room.skip_topics.push(name.clone());
+                }
+                continue;
+            }
+            let count = t.partitions.len() as i32;
+            for (partition, queue) in t.partitions.iter().enumerate() {
+                if queue.len() >= share {
+                    room.skip.push((name.clone(), count, partition as i32));
+                }
+            }
+        }
+        room
+    }
+
+    /// Partitions (and topics) whose last try failed and whose rows wait:
+    /// `(failing, of which with a non-retriable error)`.
+    pub(crate) fn failing(&self) -> (usize, usize) {
+        let mut failing = Vec::new();
+        for t in self.topics.values() {
+            failing.extend(
+                t.failing
+                    .iter()
+                    .filter(|_| !t.unrouted.is_empty() || t.partitions.is_empty()),
+            );
+            failing.extend(t.partitions.iter().filter_map(PartitionQueue::failing));
+        }
+        let fatal = failing
+            .iter()
+            .filter(|f| f.class != super::transport::ErrorClass::Retriable)
+            .count();
+        (failing.len(), fatal)
+    }
+
+    /// Whether the partition count of `topic` has been read.
+    pub(crate) fn topic_known(&self, topic: &str) -> bool {
+        self.topics
+            .get(topic)
+            .is_some_and(|t| t.fetched_at.is_some())
+    }
+
+    /// The ids of rows whose lease reaches its half by `now`; their lease
+    /// is counted from `now` on (the renewal is on its way).
+    pub(crate) fn renew_due(&mut self, now: Instant) -> Vec<i64> {
+        let half = self.timing.lease / 2;
+        let mut due = Vec::new();
+        for row in self.rows_mut() {
+            if row.leased_at + half <= now {
+                row.leased_at = now;
+                due.push(row.id);
+            }
+        }
+        due
+    }
+
+    /// When the next lease reaches its half.
+    pub(crate) fn next_renewal(&self) -> Option<Instant> {
+        let half = self.timing.lease / 2;
+        self.rows().map(|row| row.leased_at + half).min()
+    }
+
+    /// Empties every queue (the publisher stops); returns the ids.
+    pub(crate) fn release_all(&mut self) -> Vec<i64> {
+        let ids = self.rows().map(|row| row.id).collect();
+        for t in self.topics.values_mut() {
+            t.unrouted.clear();
+            for queue in &mut t.partitions {
+                *queue = PartitionQueue::new(&self.timing, self.rng.fork());
+            }
+        }
+        self.held = 0;
+        ids
+    }
+
+    fn rows(&self) -> impl Iterator<Item = &Held> {
+        self.topics.values().flat_map(|t| {
+            t.unrouted
+                .iter()
+                .chain(t.partitions.iter().flat_map(PartitionQueue::rows))
+        })
+    }
+
+    fn rows_mut(&mut self) -> impl Iterator<Item = &mut Held> {
+        self.topics.values_mut().flat_map(|t| {
+            t.unrouted
+                .iter_mut()
+                .chain(t.partitions.iter_mut().flat_map(PartitionQueue::rows_mut))
+        })
+    }
+}
+
+/// Puts `row` in its partition's queue, or with the unrouted rows while
+/// the count is unknown.
+fn route(t: &mut Topic, row: Held) {
+    if t.partitions.is_empty() {
+        t.unrouted.push_back(row);
+        return;
+    }
+    let count = t.partitions.len() as i32;
+    let partition = booking_expired_proto::partition_for_key(row.record.key.as_bytes(), count);
+    t.partitions[partition as usize].push(row);
+}

@@ -1,0 +1,482 @@
+//! The pipeline's failure modes, pinned with tokio's paused time, a
+//! scripted broker and an in-memory outbox: no sleeps on the wall clock,
+//! the same result on every run. What they bound is the pipeline's own
+//! behaviour; the real broker and database are the subject of
+//! `tests/it/` (publisher, kafka_cluster).
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{sync::Notify, task::JoinHandle, time::Instant};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    ErrorClass, MemoryStore, Published, Publisher, ScriptedTransport, SendError, Timing,
+    memory::{Answer, Written},
+};
+use crate::telemetry::{BrokerState, Health, Metrics};
+
+const TOPIC: &str = "t";
+
+fn retriable(code: &str) -> SendError {
+    SendError::new(ErrorClass::Retriable, code, format!("{code} (scripted)"))
+}
+
+fn fatal(code: &str) -> SendError {
+    SendError::new(ErrorClass::Fatal, code, format!("{code} (scripted)"))
+}
+
+struct Rig {
+    transport: ScriptedTransport,
+    store: MemoryStore,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+    task: JoinHandle<Published>,
+    partitions: i32,
+    keys: Keys,
+}
+
+/// Keys by partition, generated in order and handed out once each.
+#[derive(Default)]
+struct Keys {
+    next: usize,
+    spare: std::collections::BTreeMap<(i32, i32), std::collections::VecDeque<String>>,
+}
+
+impl Keys {
+    /// A fresh key of `partition` among `partitions`.
+    fn of(&mut self, partition: i32, partitions: i32) -> String {
+        loop {
+            if let Some(key) = self
+                .spare
+                .get_mut(&(partitions, partition))
+                .and_then(|k| k.pop_front())
+            {
+                return key;
+            }
+            let key = format!("booking-{}", self.next);
+            self.next += 1;
+            let p = booking_expired_proto::partition_for_key(key.as_bytes(), partitions);
+            self.spare
+                .entry((partitions, p))
+                .or_default()
+                .push_back(key);
+        }
+    }
+}
+
+impl Rig {
+    /// A publisher running on a scripted broker with `partitions`
+    /// partitions and an empty outbox, holding at most `max_held` rows.
+    fn start(partitions: i32, max_held: usize, timing: Timing) -> Self {
+        let transport = ScriptedTransport::new(TOPIC, partitions);
+        let store = MemoryStore::new();
+        let metrics = Arc::new(Metrics::new());
+        let health = Arc::new(Health::new(chrono::DateTime::UNIX_EPOCH, false, true));
+        let publisher = Publisher::builder(transport.clone(), store.clone(), TOPIC)
+            .timing(timing)
+            .max_held(max_held)
+            .metrics(Arc::clone(&metrics))
+            .health(Arc::clone(&health))
+            .seed(7)
+            .build();
+        let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
+        let task = tokio::spawn({
+            let (wake, shutdown) = (Arc::clone(&wake), shutdown.clone());
+            async move { publisher.run(wake, shutdown).await }
+        });
+        Self {
+            transport,
+            store,
+            health,
+            metrics,
+            wake,
+            shutdown,
+            task,
+            partitions,
+            keys: Keys::default(),
+        }
+    }
+
+    /// Commits `per_partition` rows for each partition (and wakes the
+    /// publisher, as the commit notification does).
+    fn commit(&mut self, per_partition: usize) {
+        for _ in 0..per_partition {
+            for partition in 0..self.partitions {
+                let key = self.keys.of(partition, self.partitions);
+                self.store.insert(TOPIC, &key);
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Commits `per_partition` rows a partition every 100 ms for `span`.
+    async fn commit_for(&mut self, span: Duration, per_partition: usize) {
+        let end = Instant::now() + span;
+        while Instant::now() < end {
+            self.commit(per_partition);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn stop(self) -> Published {
+        self.shutdown.cancel();
+        self.task.await.expect("the pipeline does not panic")
+    }
+}
+
+/// Waits (in paused time) until `done`, at most `limit`.
+async fn until(what: &str, limit: Duration, done: impl Fn() -> bool) {
+    let end = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < end, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The longest time between two writes to `partition` within
+/// `[from, to]`, the window's ends counted as writes.
+fn longest_gap(written: &[Written], partition: i32, from: Instant, to: Instant) -> Duration {
+    let mut times: Vec<Instant> = written
+        .iter()
+        .filter(|w| w.partition == partition && w.at >= from && w.at <= to)
+        .map(|w| w.at)
+        .collect();
+    times.insert(0, from);
+    times.push(to);
+    times
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default()
+}
+
+/// How many times each record (by `ce_id`) was written, at most.
+fn most_copies(written: &[Written]) -> usize {
+    let mut copies = std::collections::HashMap::new();
+    for w in written {
+        *copies
+            .entry(w.record.headers.get("ce_id").map(str::to_owned))
+            .or_insert(0) += 1;
+    }
+    copies.values().copied().max().unwrap_or(0)
+}
+
+/// The first case, three minutes long: partition 0 refuses writes
+/// (NOT_ENOUGH_REPLICAS) while 1 and 2 are fine. They never wait for it,
+/// memory holds at most partition 0's share, and it publishes within a
+/// second of being writable again.
+#[tokio::test(start_paused = true)]
+async fn a_partition_unwritable_for_minutes_holds_back_no_other() {
+    let mut rig = Rig::start(3, 600, Timing::default());
+    rig.transport
+        .answer(TOPIC, 0, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    let from = Instant::now();
+    rig.commit_for(Duration::from_secs(180), 8).await;
+    let to = Instant::now();
+    let written = rig.transport.written();
+    for partition in [1, 2] {
+        let gap = longest_gap(&written, partition, from + Duration::from_secs(1), to);
+        assert!(
+            gap < Duration::from_secs(1),
+            "partition {partition} waited {gap:?}"
+        );
+    }
+    assert!(written.iter().all(|w| w.partition != 0));
+    // Memory: partition 0 holds its share (600 / (4 × 3) = 50 rows) and
+    // less than two (the claim that reaches it takes at most a share), and
+    // no claim ever held more than max_held.
+    assert!(
+        rig.store.max_claimed() <= 600,
+        "{}",
+        rig.store.max_claimed()
+    );
+    let held = rig.metrics.outbox_held.get();
+    assert!((50..100).contains(&held), "partition 0 holds {held} rows");
+    assert_eq!(
+        rig.health.broker_state(),
+        BrokerState::Failing {
+            partitions: 1,
+            refusing: 0
+        }
+    );
+    // Writable again: publishing within a second, everything once.
+    rig.transport.answer(TOPIC, 0, Answer::Ack);
+    let writable = Instant::now();
+    until("partition 0 publishes", Duration::from_secs(1), || {
+        rig.transport.written().iter().any(|w| w.partition == 0)
+    })
+    .await;
+    assert!(Instant::now() - writable < Duration::from_secs(1));
+    until("the backlog drains", Duration::from_secs(5), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    assert_eq!(rig.transport.max_in_flight(), 1);
+    assert!(rig.health.broker_ready());
+    let store = rig.store.clone();
+    let done = rig.stop().await;
+    assert_eq!(done.published as usize, store.published());
+}
+
+/// The second case: partition 0's requests take 25 s (its only
+/// follower frozen, still in the ISR). The others go on; partition 0's
+/// request is never sent again while it may still be written.
+#[tokio::test(start_paused = true)]
+async fn a_slow_partition_holds_back_no_other_and_is_not_duplicated() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    rig.transport
+        .answer_next(TOPIC, 0, [Answer::AckAfter(Duration::from_secs(25))]);
+    let from = Instant::now();
+    rig.commit_for(Duration::from_secs(30), 8).await;
+    let to = Instant::now();
+    let written = rig.transport.written();
+    for partition in [1, 2] {
+        let gap = longest_gap(&written, partition, from + Duration::from_secs(1), to);
+        assert!(
+            gap < Duration::from_secs(1),
+            "partition {partition} waited {gap:?}"
+        );
+    }
+    until("everything published", Duration::from_secs(5), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    assert_eq!(rig.transport.max_in_flight(), 1);
+    rig.stop().await;
+}
+
+/// A leader moving: two NOT_LEADER_OR_FOLLOWER answers cost the partition
+/// two short pauses (100 ms, then up to 200 ms), nothing else.
+#[tokio::test(start_paused = true)]
+async fn a_moving_leader_costs_the_partition_two_short_pauses() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    let not_leader = Answer::Fail(retriable("NOT_LEADER_OR_FOLLOWER"));
+    rig.transport
+        .answer_next(TOPIC, 1, [not_leader.clone(), not_leader]);
+    let start = Instant::now();
+    rig.commit(10);
+    until("everything published", Duration::from_secs(1), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    let requests = rig.transport.requests(TOPIC, 1);
+    assert_eq!(requests.len(), 3);
+    assert!(
+        requests[2] - start <= Duration::from_millis(300),
+        "{:?}",
+        requests[2] - start
+    );
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    rig.stop().await;
+}
+
+/// Partitions added to the topic get records after the next metadata read
+/// (`Timing::metadata_max_age`).
+#[tokio::test(start_paused = true)]
+async fn partitions_added_to_the_topic_get_records() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    rig.commit(5);
+    until("first rows", Duration::from_secs(1), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    rig.transport.set_partitions(TOPIC, 4);
+    tokio::time::sleep(Timing::default().metadata_max_age).await;
+    rig.partitions = 4;
+    rig.commit(5);
+    until("rows on the new partition", Duration::from_secs(1), || {
+        rig.transport.written().iter().any(|w| w.partition == 3)
+    })
+    .await;
+    assert!(rig.transport.written().iter().all(|w| w.partition < 4));
+    rig.stop().await;
+}
+
+/// An authorization failure: each partition is tried once per
+/// `Timing::fatal_pause`, readiness fails, nothing is parked, and the rows
+/// go once the grant is there.
+#[tokio::test(start_paused = true)]
+async fn an_authorization_failure_waits_for_the_operator_and_parks_nothing() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    for partition in 0..3 {
+        rig.transport.answer(
+            TOPIC,
+            partition,
+            Answer::Fail(fatal("TOPIC_AUTHORIZATION_FAILED")),
+        );
+    }
+    rig.commit(10);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    for partition in 0..3 {
+        let tries = rig.transport.requests(TOPIC, partition).len();
+        assert!(
+            (12..=13).contains(&tries),
+            "partition {partition}: {tries} tries in a minute"
+        );
+    }
+    assert_eq!(
+        rig.health.broker_state(),
+        BrokerState::Failing {
+            partitions: 3,
+            refusing: 3
+        }
+    );
+    assert!(rig.store.parked().is_empty());
+    assert_eq!(rig.store.unpublished(), 30);
+    for partition in 0..3 {
+        rig.transport.answer(TOPIC, partition, Answer::Ack);
+    }
+    until(
+        "published after the grant",
+        Timing::default().fatal_pause + Duration::from_secs(1),
+        || rig.store.unpublished() == 0,
+    )
+    .await;
+    assert!(rig.health.broker_ready());
+    rig.stop().await;
+}
+
+/// A record the broker refuses (too large) is parked; the requests it was
+/// in are split until it is alone, and everything else is published.
+#[tokio::test(start_paused = true)]
+async fn a_refused_record_is_parked_and_the_rest_published() {
+    let mut rig = Rig::start(1, 8000, Timing::default());
+    let bad = "booking-7".to_owned();
+    rig.transport.refuse_keys([bad.clone()]);
+    rig.commit(20);
+    until("all settled", Duration::from_secs(1), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    let parked = rig.store.parked();
+    assert_eq!(parked.len(), 1);
+    assert_eq!(parked[0].0, bad);
+    assert!(
+        parked[0].1.starts_with("MESSAGE_TOO_LARGE"),
+        "{}",
+        parked[0].1
+    );
+    assert_eq!(rig.store.published(), 19);
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    rig.stop().await;
+}
+
+/// A connection reset mid-request: the broker wrote the records but the
+/// answer was lost. They are sent again once (at least once), after the
+/// first request ended.
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_sends_the_records_again_once() {
+    let mut rig = Rig::start(1, 8000, Timing::default());
+    rig.transport.answer_next(
+        TOPIC,
+        0,
+        [Answer::WriteThenFail(retriable("CLIENT_REQUEST"))],
+    );
+    rig.commit(10);
+    until("all published", Duration::from_secs(1), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    assert_eq!(most_copies(&rig.transport.written()), 2);
+    assert_eq!(rig.transport.written().len(), 20);
+    assert_eq!(rig.transport.max_in_flight(), 1);
+    rig.stop().await;
+}
+
+/// A broker that never answers: the request is given up after
+/// `Timing::request_timeout` and only then sent again.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_request_is_not_sent_again_before_it_times_out() {
+    let mut rig = Rig::start(1, 8000, Timing::default());
+    rig.transport.answer_next(TOPIC, 0, [Answer::Hang]);
+    rig.commit(3);
+    until("all published", Duration::from_secs(40), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    let requests = rig.transport.requests(TOPIC, 0);
+    assert_eq!(requests.len(), 2);
+    assert!(requests[1] - requests[0] >= Timing::default().request_timeout);
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    rig.stop().await;
+}
+
+/// A missing topic (a `republish --kafka-topic` typo): its rows wait,
+/// unparked, and hold back no other topic.
+#[tokio::test(start_paused = true)]
+async fn a_missing_topic_holds_back_no_other_topic() {
+    let mut rig = Rig::start(3, 600, Timing::default());
+    for n in 0..500 {
+        rig.store.insert("typo", &format!("k{n}"));
+    }
+    rig.commit_for(Duration::from_secs(10), 4).await;
+    until("the real topic drained", Duration::from_secs(1), || {
+        rig.store.unpublished() == 500
+    })
+    .await;
+    assert!(rig.store.parked().is_empty());
+    assert!(matches!(
+        rig.health.broker_state(),
+        BrokerState::Failing { refusing: 1, .. }
+    ));
+    let reads = rig.transport.metadata_reads();
+    assert!(reads <= 2 + 10 / 5 + 1, "{reads} metadata reads in 10 s");
+    rig.stop().await;
+}
+
+/// The database gone for a while: acknowledged rows are marked once it is
+/// back, nothing is lost or sent twice.
+#[tokio::test(start_paused = true)]
+async fn a_database_outage_loses_nothing() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    rig.commit(10);
+    rig.store.fail_rounds(8);
+    rig.commit_for(Duration::from_secs(5), 2).await;
+    until("all published", Duration::from_secs(10), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    let store = rig.store.clone();
+    let done = rig.stop().await;
+    assert_eq!(done.published as usize, store.published());
+}
+
+/// Stopping: the rows a partition could not send are released at once
+/// for another instance (no lease left to wait out).
+#[tokio::test(start_paused = true)]
+async fn stopping_releases_the_rows_held() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    rig.transport
+        .answer(TOPIC, 2, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    rig.commit(10);
+    until("the others published", Duration::from_secs(1), || {
+        rig.store.unpublished() == 10
+    })
+    .await;
+    assert_eq!(rig.store.leased(), 10);
+    let store = rig.store.clone();
+    rig.stop().await;
+    assert_eq!(store.leased(), 0);
+    assert_eq!(store.unpublished(), 10);
+}
+
+/// Rows held longer than half their lease are renewed, so no other
+/// instance takes them while this one still tries.
+#[tokio::test(start_paused = true)]
+async fn leases_of_rows_held_long_are_renewed() {
+    let timing = Timing::default();
+    let mut rig = Rig::start(1, 8000, timing);
+    rig.transport
+        .answer(TOPIC, 0, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    rig.commit(5);
+    for _ in 0..6 {
+        tokio::time::sleep(timing.lease / 2).await;
+        assert_eq!(rig.store.leased(), 5, "leases kept");
+    }
+    rig.stop().await;
+}
