@@ -241,10 +241,16 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             ),
         }
         let retention = publisher_settings.retention;
+        let timing = outbox::Timing::new(
+            &kafka_settings,
+            &publisher_settings,
+            shutdown_settings.grace,
+        );
         let publisher = Publisher::new(
             &context,
             kafka_settings,
             &publisher_settings,
+            timing,
             events.topic.clone(),
         );
         // Two tasks, each with its own schedule: the publisher's pipeline

@@ -36,7 +36,6 @@ pub use cli::{
     Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, OutboxCommand, RepublishArgs, RunArgs,
 };
 pub use database::{DatabaseSettings, DatabaseUrl, Pooler};
-use defaults::AsText as _;
 pub use expiry::{EventSettings, ExpirySettings, ShutdownSettings};
 pub use http::HttpSettings;
 use kafka::kafka_settings;
@@ -146,7 +145,6 @@ impl Settings {
         } else {
             let kafka = kafka_settings(args.kafka)?;
             (checks.kafka)(&kafka)?;
-            check_kafka_fits_idle_transaction(&database, &kafka)?;
             Some(kafka)
         };
         Ok(Self {
@@ -165,46 +163,14 @@ impl Settings {
     }
 
     /// How long `run` waits for its tasks after a stop signal before it
-    /// aborts them: the grace an in-flight expiry batch gets
-    /// (`SHUTDOWN_GRACE`), one `KAFKA_REQUEST_TIMEOUT` for a produce in
-    /// flight (it bounds the whole produce: connect, metadata, leader
-    /// lookup and produce), and [`STOP_MARGIN`].
+    /// aborts them: `SHUTDOWN_GRACE` (the expiry's batch in flight and the
+    /// publisher's requests on the way get that long, side by side; no
+    /// database transaction waits on Kafka, so no Kafka timeout adds to
+    /// it) and [`STOP_MARGIN`] for the last commit and the publisher's last
+    /// round.
     pub fn stop_grace(&self) -> Duration {
-        self.shutdown.grace
-            + self
-                .kafka
-                .as_ref()
-                .map_or(Duration::ZERO, |kafka| kafka.request_timeout)
-            + STOP_MARGIN
+        self.shutdown.grace + STOP_MARGIN
     }
-}
-
-/// `KAFKA_REQUEST_TIMEOUT` must be at most `DATABASE_STATEMENT_TIMEOUT`.
-///
-/// A publish transaction sits idle while its batch is on the way to Kafka,
-/// for up to one `KAFKA_REQUEST_TIMEOUT`, and the server ends a transaction
-/// idle for longer than [`DatabaseSettings::idle_in_transaction_timeout`]
-/// (twice `DATABASE_STATEMENT_TIMEOUT`): the batch would be rolled back
-/// after Kafka took it, and republished. The rule keeps the produce within
-/// half that limit; the other half is margin for a timeout that fires late
-/// on a busy runtime and for the mark that follows it.
-fn check_kafka_fits_idle_transaction(
-    database: &DatabaseSettings,
-    kafka: &KafkaSettings,
-) -> Result<(), ConfigError> {
-    let limit = database.idle_in_transaction_timeout() / 2;
-    if kafka.request_timeout <= limit {
-        return Ok(());
-    }
-    Err(ConfigError::new(
-        "KAFKA_REQUEST_TIMEOUT",
-        format!(
-            "{} must be at most DATABASE_STATEMENT_TIMEOUT ({}): a publish transaction \
-             waits idle for Kafka and PostgreSQL ends it after twice DATABASE_STATEMENT_TIMEOUT",
-            kafka.request_timeout.as_text(),
-            database.statement_timeout.as_text(),
-        ),
-    ))
 }
 
 #[cfg(test)]
@@ -358,42 +324,6 @@ mod tests {
     }
 
     #[test]
-    fn kafka_time_must_fit_half_the_idle_transaction_limit() {
-        let secs = Duration::from_secs;
-        let fits = |statement: u64, request: u64| {
-            check_kafka_fits_idle_transaction(&database(secs(statement)), &kafka(secs(request)))
-        };
-        assert_eq!(fits(30, 10), Ok(()), "the defaults");
-        assert_eq!(
-            fits(10, 10),
-            Ok(()),
-            "the produce may take half the idle limit"
-        );
-        // The idle limit is 20 s, and a produce of 11-19 s would fit it, but
-        // with less margin than the produce itself.
-        let error = fits(10, 11).unwrap_err();
-        assert_eq!(error.setting, "KAFKA_REQUEST_TIMEOUT");
-        assert!(
-            error.problem.contains("DATABASE_STATEMENT_TIMEOUT"),
-            "{error}"
-        );
-        assert_eq!(
-            error.to_string(),
-            "KAFKA_REQUEST_TIMEOUT: 11s must be at most DATABASE_STATEMENT_TIMEOUT (10s): \
-             a publish transaction waits idle for Kafka and PostgreSQL ends it after twice \
-             DATABASE_STATEMENT_TIMEOUT"
-        );
-        assert!(fits(5, 30).is_err(), "a produce longer than the idle limit");
-        assert!(
-            check_kafka_fits_idle_transaction(
-                &database(defaults::DATABASE_STATEMENT_TIMEOUT),
-                &kafka(defaults::KAFKA_REQUEST_TIMEOUT)
-            )
-            .is_ok()
-        );
-    }
-
-    #[test]
     fn the_idle_limit_is_twice_the_statement_timeout() {
         assert_eq!(
             database(Duration::from_secs(30)).idle_in_transaction_timeout(),
@@ -420,11 +350,11 @@ mod tests {
     }
 
     #[test]
-    fn stop_grace_covers_the_batch_grace_and_one_whole_produce() {
-        let with_kafka = settings(Some(kafka(Duration::from_secs(3))));
+    fn stop_grace_is_the_grace_and_the_margin_whatever_kafka_waits() {
+        let with_kafka = settings(Some(kafka(Duration::from_secs(35))));
         assert_eq!(
             with_kafka.stop_grace(),
-            Duration::from_secs(7 + 3) + STOP_MARGIN
+            Duration::from_secs(7) + STOP_MARGIN
         );
         let worker_only = settings(None);
         assert_eq!(

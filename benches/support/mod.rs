@@ -311,3 +311,27 @@ pub async fn kafka_client(svc: &Services) -> Result<rskafka::client::Client> {
 pub async fn create_topic(svc: &Services, name: &str, partitions: i32) -> Result<()> {
     testkit::kafka::create_topic(vec![svc.kafka_bootstrap.clone()], name, partitions).await
 }
+
+/// Produces `records` to `topic` through the project's Kafka transport as
+/// the publisher does: grouped by the Java partitioner's partition, one
+/// request per partition, the partitions side by side.
+pub async fn produce_keyed(
+    transport: &booking_expiration::outbox::KafkaTransport,
+    topic: &str,
+    partitions: i32,
+    records: Vec<booking_expiration::outbox::OutgoingRecord>,
+) -> Result<()> {
+    use booking_expiration::outbox::Transport;
+    let mut by_partition: std::collections::BTreeMap<i32, Vec<_>> = Default::default();
+    for record in records {
+        let partition = booking_expired_proto::partition_for_key(record.key.as_bytes(), partitions);
+        by_partition.entry(partition).or_default().push(record);
+    }
+    let sends = by_partition
+        .into_iter()
+        .map(|(partition, records)| transport.produce(topic, partition, records));
+    for result in futures_util::future::join_all(sends).await {
+        result?;
+    }
+    Ok(())
+}

@@ -60,6 +60,9 @@ type Boxed<T> = Pin<Box<dyn Future<Output = T> + std::marker::Send>>;
 /// A request's answer: topic, partition, how long it took, the result.
 type Answer = (String, i32, Duration, Result<(), SendError>);
 
+/// A database round's end: the round, what it returned, when it started.
+type RoundDone = (Round, Result<Vec<ClaimedRow>, DbError>, Instant);
+
 /// What the pipeline waits for next.
 enum Event {
     Answer(Answer),
@@ -116,7 +119,7 @@ pub(crate) struct Run<'a, T, S> {
     database_retry: Backoff,
     database_ready_at: Instant,
     answers: FuturesUnordered<Boxed<Answer>>,
-    round: Option<Boxed<(Round, Result<Vec<ClaimedRow>, DbError>, Instant)>>,
+    round: Option<Boxed<RoundDone>>,
     metadata: Option<Boxed<(String, Result<i32, SendError>)>>,
     done: Published,
 }

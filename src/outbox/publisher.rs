@@ -44,14 +44,14 @@ impl<T, S> std::fmt::Debug for Publisher<T, S> {
 
 impl Publisher {
     /// The publisher of `run`: PostgreSQL through `context`'s pool, Kafka
-    /// with `kafka`, the timing of [`Timing::new`].
+    /// with `kafka`, waiting as `timing` says ([`Timing::new`]).
     pub fn new(
         context: &TaskContext,
         kafka: KafkaSettings,
         settings: &PublisherSettings,
+        timing: Timing,
         topic: String,
     ) -> Self {
-        let timing = Timing::new(&kafka, settings);
         let transport = KafkaTransport::new(kafka)
             .with_metadata_refreshes(context.metrics.kafka_metadata_refreshes.clone());
         Self::on_database(context, transport, timing, settings, topic)

@@ -58,17 +58,24 @@ pub struct Timing {
     pub database_retry_max: Duration,
     /// At shutdown, how long requests in flight may still be acknowledged
     /// before their rows are released for another instance (a release after
-    /// a write the broker did take is a duplicate).
+    /// a write the broker did take is a duplicate): `SHUTDOWN_GRACE`, the
+    /// grace the expiry's batch in flight gets too.
     pub stop_wait: Duration,
 }
 
 impl Timing {
     /// The table for `run`: the constants above with the operator's
-    /// settings.
-    pub fn new(kafka: &KafkaSettings, publisher: &PublisherSettings) -> Self {
+    /// settings (`KAFKA_REQUEST_TIMEOUT`, `OUTBOX_POLL_INTERVAL`, and
+    /// `SHUTDOWN_GRACE` as the stop wait).
+    pub fn new(
+        kafka: &KafkaSettings,
+        publisher: &PublisherSettings,
+        shutdown_grace: Duration,
+    ) -> Self {
         Self {
             request_timeout: kafka.request_timeout,
             poll_interval: publisher.poll_interval,
+            stop_wait: shutdown_grace,
             ..Self::default()
         }
     }

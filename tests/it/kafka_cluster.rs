@@ -68,7 +68,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use booking_expiration::{db, outbox::kafka::METADATA_MAX_AGE};
+use booking_expiration::{db, outbox::Timing};
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
@@ -1110,7 +1110,8 @@ async fn partitions_added(cluster: &Cluster, files: &Path, report: &mut Report) 
     // Either count is right for a record acknowledged within one metadata
     // refresh (plus the call in flight, 3 s) of the change.
     let bound =
-        chrono::Duration::from_std(METADATA_MAX_AGE + Duration::from_secs(3)).expect("bound");
+        chrono::Duration::from_std(Timing::default().metadata_max_age + Duration::from_secs(3))
+            .expect("bound");
     let (records, duplicates, partition_of) = check_topic(cluster, &fin.topic, 6, due, |key| {
         let t = at[key];
         if t < before {
@@ -1132,7 +1133,7 @@ async fn partitions_added(cluster: &Cluster, files: &Path, report: &mut Report) 
         "partitions 3 -> 6 with {left} rows to publish: first record on a new partition {} after the change \
          (bound {} + one call); {records} records, {duplicates} duplicates",
         secs(picked_up),
-        secs(METADATA_MAX_AGE)
+        secs(Timing::default().metadata_max_age)
     ));
     assert!(
         left > 5_000,

@@ -9,18 +9,13 @@
 
 use std::{
     path::PathBuf,
-    sync::{Arc, OnceLock},
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
-use booking_expiration::context::TaskContext;
 use booking_expiration::{
-    clock::SystemClock,
-    config::{
-        KafkaClientCert, KafkaSettings, KafkaTls, PublisherSettings, SaslMechanism, SaslSettings,
-    },
-    outbox::{KafkaSink, Publisher, sink::Sink},
-    telemetry::ErrorChain,
+    config::{KafkaClientCert, KafkaSettings, KafkaTls, SaslMechanism, SaslSettings},
+    outbox::{KafkaTransport, OutgoingRecord, Transport},
 };
 use testkit::free_port;
 use tokio_util::sync::CancellationToken;
@@ -139,26 +134,17 @@ async fn round_trip(kafka: KafkaSettings, n: u64) {
         .run_cycle(&CancellationToken::new())
         .await
         .expect("expiry cycle");
-    let publisher = Publisher::new(
-        &TaskContext::new(db.pool.clone(), Arc::new(SystemClock)),
-        KafkaSink::new(kafka),
-        PublisherSettings {
-            batch_size: 100,
-            poll_interval: Duration::from_millis(200),
-            retention: Duration::from_secs(3600),
-            concurrency: 2,
-        },
-        topic.clone(),
+    let settings = publisher_settings(100);
+    let timing = timing_for(&settings, kafka.request_timeout);
+    let publisher = Rig::new(
+        db.pool.clone(),
+        KafkaTransport::new(kafka),
+        &settings,
+        timing,
+        &topic,
     );
-    let mut published = 0;
-    loop {
-        let batch = publisher.publish_batch().await.expect("publish over TLS");
-        if batch == 0 {
-            break;
-        }
-        published += batch;
-    }
-    assert_eq!(published as u64, n);
+    let published = publisher.publish_until_idle(Duration::from_secs(60)).await;
+    assert_eq!(published.published, n);
     let records = read_topic_from(vec![TlsKafka::get().plaintext()], &topic, 3).await;
     assert_eq!(records.len() as u64, n, "every event arrived once");
 }
@@ -185,19 +171,22 @@ async fn round_trip_over_ssl_and_mutual_tls() {
     .await;
 }
 
-/// A failure of `check_topic`: one line that says `expected`, within the
-/// request timeout, with no password and no key.
+/// A failure of the metadata read: one line that says `expected`, within
+/// the request timeout, with no password and no key.
 async fn fails_clearly(
     name: &str,
     kafka: KafkaSettings,
     expected: &[&str],
 ) -> Result<String, String> {
     let timeout = kafka.request_timeout;
-    let sink = KafkaSink::new(kafka);
+    let transport = KafkaTransport::new(kafka);
     let started = Instant::now();
-    let error = sink.check_topic("any-topic").await.expect_err("must fail");
+    let error = transport
+        .partitions("any-topic")
+        .await
+        .expect_err("must fail");
     let elapsed = started.elapsed();
-    let line = ErrorChain(&error).to_string();
+    let line = error.message;
     let report = format!("{name} ({elapsed:?}): {line}");
     let missing: Vec<&&str> = expected
         .iter()
@@ -333,30 +322,36 @@ async fn rotated_files_are_used_without_a_restart() {
             key: key.clone(),
         }),
     });
-    let sink = KafkaSink::new(settings);
+    let transport = KafkaTransport::new(settings);
     let topic = topic().await;
-    let error = sink.check_topic(&topic).await.expect_err("wrong CA");
-    assert!(
-        error.to_string().contains("KAFKA_SSL_CA_LOCATION"),
-        "{error}"
-    );
+    let error = transport.partitions(&topic).await.expect_err("wrong CA");
+    assert!(error.message.contains("KAFKA_SSL_CA_LOCATION"), "{error}");
     put(&ca, "ca.crt");
-    let error = sink
-        .check_topic(&topic)
+    let error = transport
+        .partitions(&topic)
         .await
         .expect_err("wrong client certificate");
     assert!(
-        error.to_string().contains("refused the client certificate"),
+        error.message.contains("refused the client certificate"),
         "{error}"
     );
     put(&cert, "client.crt");
     put(&key, "client.key");
-    assert_eq!(sink.check_topic(&topic).await.expect("rotated files"), 3);
-    // A sibling (another lane of the publisher) shares the bridge.
     assert_eq!(
-        sink.sibling().check_topic(&topic).await.expect("sibling"),
+        transport.partitions(&topic).await.expect("rotated files"),
         3
     );
+    // A produce, on its own connection to the leader, through the same bridge.
+    let record = OutgoingRecord {
+        key: "k".into(),
+        value: b"v".to_vec(),
+        headers: Default::default(),
+        timestamp: wall_now(),
+    };
+    transport
+        .produce(&topic, 0, vec![record])
+        .await
+        .expect("a produce with the rotated files");
 }
 
 /// The operator's path: `run` with SASL_SSL + SCRAM-SHA-512 as

@@ -1,109 +1,57 @@
 //! The outbox publisher against a real PostgreSQL and a real Apache Kafka
 //! broker: contract of the message, partitioning equal to the Java
-//! client's, at-least-once under crashes and broker outages.
+//! client's, at-least-once under crashes and broker outages, the commit
+//! wake-up, retention.
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use crate::support::*;
-use booking_expiration::context::TaskContext;
 use booking_expiration::{
-    clock::{Clock, ManualClock, SystemClock},
-    config::{KafkaSettings, PublisherSettings},
-    db::outbox,
-    outbox::{
-        KafkaError, KafkaSink, LagStats, PublishError, Publisher, RetentionSweep, SinkError,
-        kafka::OutgoingRecord,
-    },
-    telemetry::Health,
+    clock::ManualClock,
+    config::KafkaSettings,
+    context::TaskContext,
+    db::outbox::{self, Claim},
+    outbox::{KafkaTransport, LagStats, OutgoingRecord, RetentionSweep, Transport},
+    telemetry::BrokerState,
 };
 use booking_expired_proto::{decode_record, partition_for_key, v1};
-use diesel_async::RunQueryDsl;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-fn publisher_settings(batch_size: u32) -> PublisherSettings {
-    PublisherSettings {
-        batch_size,
-        poll_interval: Duration::from_millis(200),
-        retention: Duration::from_secs(3600),
-        concurrency: 2,
-    }
-}
-
-fn publisher(db: &TestDb, kafka: KafkaSettings, batch_size: u32, topic: &str) -> Publisher {
-    publisher_with(
+/// A publisher of `topic` on `db` through Kafka with `kafka`.
+fn kafka_rig(
+    db: &TestDb,
+    kafka: KafkaSettings,
+    batch_size: u32,
+    topic: &str,
+) -> Rig<KafkaTransport> {
+    let settings = publisher_settings(batch_size);
+    let timing = timing_for(&settings, kafka.request_timeout);
+    Rig::new(
         db.pool.clone(),
-        kafka,
-        publisher_settings(batch_size),
-        Arc::new(SystemClock),
+        KafkaTransport::new(kafka),
+        &settings,
+        timing,
         topic,
     )
 }
 
-fn publisher_with(
-    pool: booking_expiration::db::PgPool,
-    kafka: KafkaSettings,
-    settings: PublisherSettings,
-    clock: Arc<dyn Clock>,
-    topic: &str,
-) -> Publisher {
-    let context = TaskContext {
-        health: Arc::new(Health::new(wall_now(), true, true)),
-        ..TaskContext::new(pool, clock)
-    };
-    Publisher::new(&context, KafkaSink::new(kafka), settings, topic.to_owned())
+/// A publisher of `topic` on `db` through the test broker.
+fn rig(db: &TestDb, batch_size: u32, topic: &str) -> Rig<KafkaTransport> {
+    kafka_rig(db, kafka_settings(kafka_bootstrap()), batch_size, topic)
 }
 
-/// Expires `n` seeded due bookings into the outbox of `topic`.
-async fn expire_into_outbox(db: &TestDb, n: u64, topic: &str) {
-    db.seed_due(n, t0()).await;
-    let clock = clock();
-    let outcome = db
-        .worker_for(&clock, expiry_settings(200), events_on(topic))
-        .run_cycle(&CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(outcome.report.expired(), n);
-}
-
-/// Calls `publish_batch` until a claim comes back empty; returns the rows
-/// published. (Not `Publisher::drain`, the shutdown drain with a budget.)
-async fn publish_until_empty(publisher: &Publisher) -> usize {
-    let mut total = 0;
-    loop {
-        let published = publisher.publish_batch().await.expect("publish");
-        if published == 0 {
-            return total;
-        }
-        total += published;
-    }
-}
-
-async fn unpublished(db: &TestDb) -> i64 {
-    db.unpublished().await
-}
-
-/// A port nothing listens on.
-fn dead_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
+const IDLE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_round_trip_matches_the_java_partitioner_and_the_contract() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 300, &topic).await;
-    let published = publish_until_empty(&publisher(
-        &db,
-        kafka_settings(kafka_bootstrap()),
-        128,
-        &topic,
-    ))
-    .await;
-    assert_eq!(published, 300);
-    assert_eq!(unpublished(&db).await, 0);
+    let published = rig(&db, 128, &topic).publish_until_idle(IDLE).await;
+    assert_eq!(published.published, 300);
+    assert_eq!(db.unpublished().await, 0);
 
     let records = read_topic(&topic, 3).await;
     assert_eq!(records.len(), 300);
@@ -173,24 +121,11 @@ async fn ten_thousand_expiries_arrive_once_each() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 10_000, &topic).await;
-    let publisher = Arc::new(publisher(
-        &db,
-        kafka_settings(kafka_bootstrap()),
-        500,
-        &topic,
-    ));
-    let token = CancellationToken::new();
-    let task = {
-        let publisher = Arc::clone(&publisher);
-        let token = token.clone();
-        tokio::spawn(async move { publisher.run(Arc::new(Notify::new()), token).await })
-    };
-    wait_until("the outbox to drain", Duration::from_secs(60), || async {
-        unpublished(&db).await == 0
-    })
-    .await;
-    token.cancel();
-    task.await.unwrap();
+    rig(&db, 500, &topic)
+        .run_until("the outbox to drain", Duration::from_secs(60), || async {
+            db.unpublished().await == 0
+        })
+        .await;
     let records = read_topic(&topic, 3).await;
     let keys: std::collections::HashSet<&str> = records.iter().map(|r| r.key.as_str()).collect();
     let ids: std::collections::HashSet<String> =
@@ -210,18 +145,22 @@ async fn two_publishers_never_publish_one_row_twice() {
         let pool = booking_expiration::db::connect_pool(&db.settings)
             .await
             .unwrap();
-        let p = publisher_with(
+        let settings = publisher_settings(100);
+        let timing = timing_for(&settings, Duration::from_secs(35));
+        let instance = Rig::new(
             pool,
-            kafka_settings(kafka_bootstrap()),
-            publisher_settings(100),
-            Arc::new(SystemClock),
+            KafkaTransport::new(kafka_settings(kafka_bootstrap())),
+            &settings,
+            timing,
             &topic,
         );
-        tasks.push(tokio::spawn(async move { publish_until_empty(&p).await }));
+        tasks.push(tokio::spawn(async move {
+            instance.publish_until_idle(IDLE).await
+        }));
     }
     let mut total = 0;
     for task in tasks {
-        total += task.await.unwrap();
+        total += task.await.unwrap().published;
     }
     assert_eq!(total, 4_000);
     let records = read_topic(&topic, 3).await;
@@ -238,43 +177,43 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 100, &topic).await;
 
-    // A publisher that produced and then died before its commit.
+    // A publisher that claimed the rows, produced them and was killed
+    // before it marked them: its lease (1 s here) ends, and another
+    // instance sends them again.
     let mut conn = db.conn().await;
-    diesel::sql_query("BEGIN").execute(&mut conn).await.unwrap();
-    let rows = outbox::claim_unpublished(&mut conn, 1000).await.unwrap();
-    let sink = KafkaSink::new(kafka_settings(kafka_bootstrap()));
-    sink.produce(
-        &topic,
-        rows.iter()
-            .map(|r| OutgoingRecord {
-                key: r.message_key.clone(),
-                value: r.payload.clone(),
-                headers: r.header_pairs().into_iter().collect(),
+    let claim = Claim {
+        limit: 1000,
+        lease: Duration::from_secs(1),
+        ..Claim::default()
+    };
+    let rows = outbox::claim(&mut conn, &claim).await.unwrap();
+    assert_eq!(rows.len(), 100);
+    let transport = KafkaTransport::new(kafka_settings(kafka_bootstrap()));
+    let mut by_partition: BTreeMap<i32, Vec<OutgoingRecord>> = BTreeMap::new();
+    for row in rows {
+        by_partition
+            .entry(partition_for_key(row.message_key.as_bytes(), 3))
+            .or_default()
+            .push(OutgoingRecord {
+                key: row.message_key,
+                value: row.payload,
+                headers: row.headers.unwrap(),
                 timestamp: wall_now(),
-            })
-            .collect(),
-    )
-    .await
-    .into_result()
-    .unwrap();
-    drop(conn); // connection gone mid-transaction: the server rolls back
-    wait_until(
-        "the claim to be released",
-        Duration::from_secs(10),
-        || async { unpublished(&db).await == 100 },
-    )
-    .await;
-
+            });
+    }
+    for (partition, records) in by_partition {
+        transport.produce(&topic, partition, records).await.unwrap();
+    }
+    drop(conn);
     assert_eq!(
-        publish_until_empty(&publisher(
-            &db,
-            kafka_settings(kafka_bootstrap()),
-            500,
-            &topic
-        ))
-        .await,
-        100
+        db.leased().await,
+        100,
+        "the dead instance's lease holds them"
     );
+    let published = rig(&db, 500, &topic)
+        .publish_until_idle(Duration::from_secs(30))
+        .await;
+    assert_eq!(published.published, 100, "sent again once the lease ended");
     let records = read_topic(&topic, 3).await;
     assert_eq!(records.len(), 200, "republished, nothing lost");
     let mut per_id: BTreeMap<String, Vec<&ConsumedRecord>> = BTreeMap::new();
@@ -294,35 +233,39 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unreachable_broker_is_a_bounded_error_and_rows_wait() {
+async fn unreachable_broker_is_unready_and_rows_wait() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 50, &topic).await;
     let mut dead = kafka_settings(vec![format!("127.0.0.1:{}", dead_port())]);
     dead.request_timeout = Duration::from_secs(2);
-    let down = publisher(&db, dead, 500, &topic);
-    let started = std::time::Instant::now();
-    let error = down.publish_batch().await.unwrap_err();
+    let down = kafka_rig(&db, dead, 500, &topic);
+    let shutdown = CancellationToken::new();
+    let task = down.spawn_run(Arc::new(Notify::new()), shutdown.clone());
+    wait_until(
+        "connect errors counted",
+        Duration::from_secs(10),
+        || async { down.produce_errors("CLIENT_CONNECT") >= 2 },
+    )
+    .await;
+    assert_eq!(down.health().broker_state(), BrokerState::Unreachable);
+    let stopping = std::time::Instant::now();
+    shutdown.cancel();
+    assert_eq!(task.await.unwrap().published, 0);
     assert!(
-        started.elapsed() < Duration::from_secs(6),
-        "bounded: {:?}",
-        started.elapsed()
+        stopping.elapsed() < Duration::from_secs(5),
+        "stops at once: {:?}",
+        stopping.elapsed()
     );
-    assert!(
-        matches!(error, PublishError::Sink(SinkError::Kafka(_))),
-        "{error}"
-    );
-    assert_eq!(unpublished(&db).await, 50, "rows wait in the outbox");
+    assert_eq!(db.unpublished().await, 50, "rows wait in the outbox");
+    assert_eq!(db.leased().await, 0, "released for the next instance");
 
     // The broker is back (here: the real one): everything arrives.
     assert_eq!(
-        publish_until_empty(&publisher(
-            &db,
-            kafka_settings(kafka_bootstrap()),
-            500,
-            &topic
-        ))
-        .await,
+        rig(&db, 500, &topic)
+            .publish_until_idle(IDLE)
+            .await
+            .published,
         50
     );
     assert_eq!(read_topic(&topic, 3).await.len(), 50);
@@ -334,61 +277,61 @@ async fn broker_that_never_answers_times_out_instead_of_hanging() {
     let topic = create_topic(3).await;
     expire_into_outbox(&db, 20, &topic).await;
     // Accepts connections, reads nothing, answers nothing.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let black_hole = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((stream, _)) = listener.accept().await {
-            held.push(stream);
-        }
-    });
-    let mut silent = kafka_settings(vec![addr.to_string()]);
+    let silent_broker = SilentBroker::start().await;
+    let mut silent = kafka_settings(vec![silent_broker.addr.to_string()]);
     silent.request_timeout = Duration::from_secs(2);
+    let stuck = kafka_rig(&db, silent, 500, &topic);
     let started = std::time::Instant::now();
-    let error = publisher(&db, silent, 500, &topic)
-        .publish_batch()
-        .await
-        .unwrap_err();
+    stuck
+        .run_until("a timeout counted", Duration::from_secs(10), || async {
+            stuck.produce_errors("CLIENT_TIMEOUT") >= 1
+        })
+        .await;
     assert!(
         started.elapsed() < Duration::from_secs(6),
         "bounded: {:?}",
         started.elapsed()
     );
-    assert!(
-        matches!(
-            error,
-            PublishError::Sink(SinkError::Kafka(KafkaError::Timeout { .. }))
-        ),
-        "{error}"
-    );
-    assert_eq!(unpublished(&db).await, 20);
-    black_hole.abort();
+    assert_eq!(db.unpublished().await, 20);
+    assert_eq!(db.leased().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn missing_topic_is_a_clear_error_unless_creation_is_enabled() {
+async fn missing_topic_waits_for_the_operator_unless_creation_is_enabled() {
     let db = TestDb::new().await;
     let topic = format!("missing-{}", Uuid::new_v4().simple());
     expire_into_outbox(&db, 10, &topic).await;
-    let error = publisher(&db, kafka_settings(kafka_bootstrap()), 500, &topic)
-        .publish_batch()
-        .await
-        .unwrap_err();
+    let missing = rig(&db, 500, &topic);
+    missing
+        .run_until(
+            "the missing topic reported",
+            Duration::from_secs(10),
+            || async { missing.produce_errors("UNKNOWN_TOPIC_OR_PARTITION") >= 1 },
+        )
+        .await;
     assert!(
         matches!(
-            error,
-            PublishError::Sink(SinkError::Kafka(KafkaError::TopicMissing(_)))
+            missing.health().broker_state(),
+            BrokerState::Failing { refusing: 1, .. }
         ),
-        "{error}"
+        "{}",
+        missing.health().broker_state()
     );
-    assert!(error.to_string().contains("does not exist"), "{error}");
-    assert_eq!(unpublished(&db).await, 10);
+    assert_eq!(db.unpublished().await, 10);
+    assert_eq!(
+        db.parked().await,
+        0,
+        "nothing parked: the topic is missing, not the records"
+    );
 
     let mut creating = kafka_settings(kafka_bootstrap());
     creating.create_topic = true;
     creating.topic_partitions = 2;
     assert_eq!(
-        publish_until_empty(&publisher(&db, creating, 500, &topic)).await,
+        kafka_rig(&db, creating, 500, &topic)
+            .publish_until_idle(IDLE)
+            .await
+            .published,
         10
     );
     assert_eq!(read_topic(&topic, 2).await.len(), 10);
@@ -401,13 +344,13 @@ async fn commit_notification_wakes_the_publisher_within_a_second() {
     // Polling every 30 s: only the commit notification can be fast.
     let mut settings = publisher_settings(500);
     settings.poll_interval = Duration::from_secs(30);
-    let publisher = Arc::new(publisher_with(
+    let waking = Rig::new(
         db.pool.clone(),
-        kafka_settings(kafka_bootstrap()),
-        settings,
-        Arc::new(SystemClock),
+        KafkaTransport::new(kafka_settings(kafka_bootstrap())),
+        &settings,
+        timing_for(&settings, Duration::from_secs(35)),
         &topic,
-    ));
+    );
     let wake = Arc::new(Notify::new());
     let token = CancellationToken::new();
     let listener = tokio::spawn(booking_expiration::outbox::listen_for_commits(
@@ -415,10 +358,7 @@ async fn commit_notification_wakes_the_publisher_within_a_second() {
         Arc::clone(&wake),
         token.clone(),
     ));
-    let task = {
-        let (publisher, wake, token) = (Arc::clone(&publisher), Arc::clone(&wake), token.clone());
-        tokio::spawn(async move { publisher.run(wake, token).await })
-    };
+    let task = waking.spawn_run(Arc::clone(&wake), token.clone());
     // The first commit must find the listener LISTENing (notifications sent
     // before are not queued for it); the publisher then waits on its 30 s poll.
     wait_until(
@@ -447,7 +387,7 @@ async fn commit_notification_wakes_the_publisher_within_a_second() {
         wait_until(
             "the publisher to wake on commit",
             Duration::from_secs(5),
-            || async { unpublished(db_ref).await == 0 },
+            || async { db_ref.unpublished().await == 0 },
         )
         .await;
         latencies.push(committed.elapsed());
@@ -478,23 +418,29 @@ async fn commit_notification_wakes_the_publisher_within_a_second() {
 async fn retention_removes_only_old_published_rows() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
-    expire_into_outbox(&db, 30, &topic).await;
+    expire_into_outbox(&db, 20, &topic).await;
     let clock = ManualClock::new(wall_now());
-    let p = publisher_with(
+    let settings = publisher_settings(20);
+    let published = Rig::with_clock(
         db.pool.clone(),
-        kafka_settings(kafka_bootstrap()),
-        publisher_settings(20),
-        Arc::new(clock.clone()),
+        KafkaTransport::new(kafka_settings(kafka_bootstrap())),
+        &settings,
+        timing_for(&settings, Duration::from_secs(35)),
         &topic,
-    );
+        Arc::new(clock.clone()),
+    )
+    .publish_until_idle(IDLE)
+    .await;
+    assert_eq!(published.published, 20);
+    // Ten more, not published.
+    expire_into_outbox(&db, 10, &topic).await;
     let context = TaskContext::new(db.pool.clone(), Arc::new(clock.clone()));
-    let retention = RetentionSweep::new(&context, publisher_settings(20).retention);
-    assert_eq!(p.publish_batch().await.unwrap(), 20);
+    let retention = RetentionSweep::new(&context, settings.retention);
     assert_eq!(retention.run_once().await.unwrap(), 0, "within retention");
     clock.advance(chrono::Duration::hours(2));
     assert_eq!(retention.run_once().await.unwrap(), 20, "past retention");
     assert_eq!(
-        unpublished(&db).await,
+        db.unpublished().await,
         10,
         "unpublished rows are never swept"
     );

@@ -1,7 +1,8 @@
-//! The publisher through its seams, on a real PostgreSQL: claim and mark,
-//! lanes, shutdown and backoff against the in-memory sink (their subject is
-//! not the broker); broker readiness; and the rskafka sink's one-deadline
-//! bound against a silent broker and a slow link.
+//! The publisher through its seams, on a real PostgreSQL: the leases and
+//! the marks, shutdown, backoff and a partition that stays unwritable
+//! against the scripted broker (their subject is the database side, not
+//! the broker); broker readiness; and the Kafka transport's one bound per
+//! call against a silent broker and a slow link.
 
 use std::{
     net::SocketAddr,
@@ -10,16 +11,13 @@ use std::{
 };
 
 use crate::support::*;
-use booking_expiration::context::TaskContext;
 use booking_expiration::{
-    clock::{Clock, SystemClock},
-    config::{KafkaSettings, PublisherSettings},
-    db::PgPool,
+    config::KafkaSettings,
     outbox::{
-        KafkaError, KafkaSink, LagStats, MemorySink, OutgoingRecord, PublishError, Publisher,
-        RetentionSweep, Sink, SinkError,
+        ErrorClass, KafkaTransport, LagStats, OutgoingRecord, RetentionSweep, ScriptedTransport,
+        SendError, Transport, memory::Answer,
     },
-    telemetry::{Health, Metrics},
+    telemetry::BrokerState,
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -28,437 +26,340 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-fn settings(batch_size: u32, concurrency: u32) -> PublisherSettings {
-    PublisherSettings {
-        batch_size,
-        poll_interval: Duration::from_secs(30),
-        retention: Duration::from_secs(3600),
-        concurrency,
-    }
+const TOPIC: &str = "seams";
+
+/// A publisher on `db` through a scripted broker of `partitions`
+/// partitions, `batch` rows per request.
+fn scripted(
+    db: &TestDb,
+    partitions: i32,
+    batch: u32,
+) -> (Rig<ScriptedTransport>, ScriptedTransport) {
+    scripted_with(db, partitions, publisher_settings(batch))
 }
 
-/// A publisher, its sink and its health, on `db`.
-struct Rig<S: Sink> {
-    publisher: Publisher<S>,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    context: TaskContext,
+fn scripted_with(
+    db: &TestDb,
+    partitions: i32,
+    settings: booking_expiration::config::PublisherSettings,
+) -> (Rig<ScriptedTransport>, ScriptedTransport) {
+    let broker = ScriptedTransport::new(TOPIC, partitions);
+    let timing = timing_for(&settings, Duration::from_secs(35));
+    let rig = Rig::new(db.pool.clone(), broker.clone(), &settings, timing, TOPIC);
+    (rig, broker)
 }
 
-fn rig<S: Sink>(pool: PgPool, sink: S, settings: PublisherSettings) -> Rig<S> {
-    rig_with_clock(pool, sink, settings, Arc::new(SystemClock))
-}
-
-fn rig_with_clock<S: Sink>(
-    pool: PgPool,
-    sink: S,
-    settings: PublisherSettings,
-    clock: Arc<dyn Clock>,
-) -> Rig<S> {
-    let context = TaskContext {
-        health: Arc::new(Health::new(wall_now(), true, true)),
-        ..TaskContext::new(pool, clock)
-    };
-    let publisher = Publisher::new(
-        &context,
-        sink,
-        settings,
-        "pin.crm.booking-expired.v1".to_owned(),
-    );
-    Rig {
-        publisher,
-        health: Arc::clone(&context.health),
-        metrics: Arc::clone(&context.metrics),
-        context,
-    }
-}
-
-/// Expires `n` seeded due bookings into the outbox.
-async fn expire_into_outbox(db: &TestDb, n: u64) {
-    db.seed_due(n, t0()).await;
-    let outcome = db
-        .worker(&clock(), 500)
-        .run_cycle(&CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(outcome.report.expired(), n);
-}
-
-/// The outbox's message keys, oldest row first.
-async fn outbox_keys(db: &TestDb) -> Vec<String> {
-    #[derive(diesel::QueryableByName)]
-    struct Key {
-        #[diesel(sql_type = diesel::sql_types::Text)]
-        message_key: String,
-    }
-    let mut conn = db.conn().await;
-    let keys: Vec<Key> = diesel_async::RunQueryDsl::load(
-        diesel::sql_query("SELECT message_key FROM booking_expiration_outbox ORDER BY id"),
-        &mut conn,
-    )
-    .await
-    .expect("outbox keys");
-    keys.into_iter().map(|k| k.message_key).collect()
-}
-
-async fn unpublished(db: &TestDb) -> i64 {
-    db.unpublished().await
-}
-
-async fn published(db: &TestDb) -> i64 {
-    db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL")
-        .await
-}
-
-async fn outbox_rows(db: &TestDb) -> i64 {
-    db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
-        .await
-}
-
-fn distinct_ce_ids(sink: &MemorySink) -> usize {
-    let mut ids: Vec<Vec<u8>> = sink
-        .produced()
-        .into_iter()
-        .map(|p| p.record.headers["ce_id"].clone())
+/// How many distinct `ce_id`s the broker wrote, and how many records.
+fn written(broker: &ScriptedTransport) -> (usize, usize) {
+    let all = broker.written();
+    let ids: std::collections::HashSet<_> = all
+        .iter()
+        .filter_map(|w| w.record.headers.get("ce_id").map(str::to_owned))
         .collect();
-    ids.sort();
-    ids.dedup();
-    ids.len()
+    (ids.len(), all.len())
 }
 
-/// `run` in a task of its own, woken by `wake`, until the token is
-/// cancelled.
-fn spawn_run(
-    rig: &Rig<MemorySink>,
-    wake: Arc<Notify>,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let token = CancellationToken::new();
-    let (publisher, stop) = (rig.publisher.clone(), token.clone());
-    let run = tokio::spawn(async move { publisher.run(wake, stop).await });
-    (token, run)
+fn retriable(code: &str) -> SendError {
+    SendError::new(ErrorClass::Retriable, code, format!("{code} (scripted)"))
 }
 
-// ---- claim and mark ----
+// ---- leases and marks ----
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rows_are_marked_published_only_after_the_sink_acknowledged() {
+/// Rows are marked only once the broker acknowledged them; while their
+/// request is on the way they are leased, not locked, and no transaction
+/// is open.
+async fn marked_only_after_the_ack(retention_zero: bool) {
     let db = TestDb::new().await;
-    expire_into_outbox(&db, 30).await;
-    let sink = MemorySink::new();
-    let rig = rig(db.pool.clone(), sink.clone(), settings(100, 1));
-    sink.hold();
-    let batch = {
-        let publisher = rig.publisher.clone();
-        tokio::spawn(async move { publisher.publish_batch().await })
-    };
-    wait_until("the produce to start", Duration::from_secs(5), || async {
-        sink.in_flight() == 1
+    expire_into_outbox(&db, 30, TOPIC).await;
+    let mut settings = publisher_settings(100);
+    if retention_zero {
+        settings.retention = Duration::ZERO;
+    }
+    let (rig, broker) = scripted_with(&db, 1, settings);
+    broker.answer_next(TOPIC, 0, [Answer::AckAfter(Duration::from_secs(2))]);
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::new(Notify::new()), shutdown.clone());
+    wait_until("the request to start", Duration::from_secs(5), || async {
+        !broker.requests(TOPIC, 0).is_empty()
     })
     .await;
-    assert_eq!(published(&db).await, 0, "nothing marked before the ack");
-    sink.release();
-    assert_eq!(batch.await.unwrap().unwrap(), 30);
-    assert_eq!(unpublished(&db).await, 0);
-    assert_eq!(published(&db).await, 30);
-    assert_eq!(sink.produced().len(), 30);
-    assert_eq!(distinct_ce_ids(&sink), 30);
-    assert_eq!(rig.metrics.outbox_published.get(), 30);
+    assert_eq!(db.published().await, 0, "nothing marked before the ack");
+    assert_eq!(db.outbox_rows().await, 30, "nothing deleted before the ack");
+    assert_eq!(db.leased().await, 30);
+    let open = db
+        .count(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+             WHERE datname = current_database() AND xact_start IS NOT NULL \
+               AND pid <> pg_backend_pid()",
+        )
+        .await;
+    assert_eq!(open, 0, "no transaction waits for the broker");
+    wait_until("the ack to be marked", Duration::from_secs(10), || async {
+        db.unpublished().await == 0
+    })
+    .await;
+    if retention_zero {
+        assert_eq!(db.outbox_rows().await, 0);
+    } else {
+        assert_eq!(db.published().await, 30);
+    }
+    shutdown.cancel();
+    assert_eq!(run.await.unwrap().published, 30);
+    assert_eq!(written(&broker), (30, 30));
+    assert_eq!(rig.metrics().outbox_published.get(), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_marked_published_only_after_the_broker_acknowledged() {
+    marked_only_after_the_ack(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_retention_zero_rows_are_deleted_only_after_the_ack() {
+    marked_only_after_the_ack(true).await;
+}
+
+/// Two instances on one outbox: the leases divide the rows, none is sent
+/// by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_never_send_one_row_both() {
     let db = TestDb::new().await;
-    expire_into_outbox(&db, 30).await;
-    let sink = MemorySink::new();
-    let mut settings = settings(100, 1);
-    settings.retention = Duration::ZERO;
-    let rig = rig(db.pool.clone(), sink.clone(), settings);
-    sink.hold();
-    let batch = {
-        let publisher = rig.publisher.clone();
-        tokio::spawn(async move { publisher.publish_batch().await })
-    };
-    wait_until("the produce to start", Duration::from_secs(5), || async {
-        sink.in_flight() == 1
+    expire_into_outbox(&db, 2_000, TOPIC).await;
+    let broker = ScriptedTransport::new(TOPIC, 3);
+    for partition in 0..3 {
+        broker.answer(TOPIC, partition, Answer::AckAfter(Duration::from_millis(5)));
+    }
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let pool = booking_expiration::db::connect_pool(&db.settings)
+            .await
+            .unwrap();
+        let settings = publisher_settings(50);
+        let timing = timing_for(&settings, Duration::from_secs(35));
+        let instance = Rig::new(pool, broker.clone(), &settings, timing, TOPIC);
+        runs.push(tokio::spawn(async move {
+            instance.publish_until_idle(Duration::from_secs(60)).await
+        }));
+    }
+    let mut published = 0;
+    for run in runs {
+        published += run.await.unwrap().published;
+    }
+    assert_eq!(published, 2_000);
+    assert_eq!(written(&broker), (2_000, 2_000), "no row sent twice");
+}
+
+/// A request that fails leaves its rows unpublished and leased (no other
+/// instance takes them meanwhile); stopping releases them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_request_leaves_its_rows_leased_then_released_at_shutdown() {
+    let db = TestDb::new().await;
+    expire_into_outbox(&db, 30, TOPIC).await;
+    let (rig, broker) = scripted(&db, 1, 100);
+    broker.answer(TOPIC, 0, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::new(Notify::new()), shutdown.clone());
+    wait_until("three tries", Duration::from_secs(5), || async {
+        broker.requests(TOPIC, 0).len() >= 3
     })
     .await;
-    assert_eq!(outbox_rows(&db).await, 30, "nothing deleted before the ack");
-    sink.release();
-    assert_eq!(batch.await.unwrap().unwrap(), 30);
-    assert_eq!(outbox_rows(&db).await, 0);
-    assert_eq!(sink.produced().len(), 30);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_produce_leaves_every_row_unpublished() {
-    let db = TestDb::new().await;
-    expire_into_outbox(&db, 30).await;
-    let sink = MemorySink::new();
-    let mut with_delete = settings(100, 1);
-    with_delete.retention = Duration::ZERO;
-    for settings in [settings(100, 1), with_delete] {
-        let rig = rig(db.pool.clone(), sink.clone(), settings);
-        sink.fail_next(1);
-        let error = rig.publisher.publish_batch().await.unwrap_err();
-        assert!(
-            matches!(error, PublishError::Sink(SinkError::Refused(_))),
-            "{error}"
-        );
-        assert_eq!(outbox_rows(&db).await, 30, "nothing deleted");
-        assert_eq!(unpublished(&db).await, 30, "nothing marked");
-        assert!(sink.produced().is_empty());
-        assert!(!rig.health.broker_ready());
-    }
-    let rig = rig(db.pool.clone(), sink.clone(), settings(100, 1));
-    assert_eq!(rig.publisher.publish_batch().await.unwrap(), 30);
-    assert_eq!(published(&db).await, 30);
-}
-
-// ---- lanes ----
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drain_with_two_batches_in_flight_publishes_each_row_once() {
-    let db = TestDb::new().await;
-    expire_into_outbox(&db, 1000).await;
-    let sink = MemorySink::new();
-    // A broker round trip, so two lanes' produce calls overlap in time.
-    sink.set_latency(Duration::from_millis(30));
-    let rig = rig(db.pool.clone(), sink.clone(), settings(50, 2));
-    let shutdown = CancellationToken::new();
-
-    // No budget: the first (full) batch only, and more is waiting.
-    let first = rig
-        .publisher
-        .drain(&shutdown, Duration::ZERO)
-        .await
-        .unwrap();
-    assert_eq!((first.published, first.more), (50, true));
-    assert_eq!(sink.max_in_flight(), 1);
-
-    let rest = rig
-        .publisher
-        .drain(&shutdown, Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!((rest.published, rest.more), (950, false));
-    assert_eq!(unpublished(&db).await, 0);
+    assert_eq!(db.unpublished().await, 30);
+    assert_eq!(db.leased().await, 30);
+    assert!(!rig.health().broker_ready());
+    shutdown.cancel();
+    run.await.unwrap();
+    assert_eq!(db.leased().await, 0, "released at shutdown");
+    broker.answer(TOPIC, 0, Answer::Ack);
     assert_eq!(
-        sink.max_in_flight(),
-        2,
-        "OUTBOX_CONCURRENCY=2 puts two batches in flight at once"
+        rig.publish_until_idle(Duration::from_secs(10))
+            .await
+            .published,
+        30
     );
-    assert_eq!(sink.produced().len(), 1000, "no row sent twice");
-    assert_eq!(distinct_ce_ids(&sink), 1000);
-
-    // Idle: one empty claim, nothing more.
-    let calls = sink.produce_calls();
-    let idle = rig
-        .publisher
-        .drain(&shutdown, Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert_eq!((idle.published, idle.more), (0, false));
-    assert_eq!(sink.produce_calls(), calls);
 }
 
 // ---- shutdown ----
 
-/// A produce is held when shutdown comes; `run` returns only after it
-/// ended, and the rows are then published and committed (`fail` = false)
-/// or all left unpublished (`fail` = true).
-async fn shutdown_with_a_produce_in_flight(fail: bool) {
+/// A request on the way when shutdown comes: `run` waits for its answer
+/// (up to `Timing::stop_wait`) and marks it; one that outlasts the wait is
+/// dropped and its rows released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_the_answer_on_the_way_then_releases_the_rest() {
     let db = TestDb::new().await;
-    expire_into_outbox(&db, 30).await;
-    let sink = MemorySink::new();
-    let rig = rig(db.pool.clone(), sink.clone(), settings(100, 2));
-    sink.hold();
-    let (token, mut run) = spawn_run(&rig, Arc::new(Notify::new()));
-    wait_until("the produce to start", Duration::from_secs(5), || async {
-        sink.in_flight() == 1
+    expire_into_outbox(&db, 30, TOPIC).await;
+    let (rig, broker) = scripted(&db, 1, 100);
+    broker.answer_next(TOPIC, 0, [Answer::AckAfter(Duration::from_secs(1))]);
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::new(Notify::new()), shutdown.clone());
+    wait_until("the request to start", Duration::from_secs(5), || async {
+        !broker.requests(TOPIC, 0).is_empty()
     })
     .await;
-    token.cancel();
-    // Deliberate fault timing: the held produce keeps `run` from returning.
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut run)
-            .await
-            .is_err(),
-        "run returned while a produce was in flight"
-    );
-    if fail {
-        sink.fail_next(1);
-    }
-    sink.release();
-    tokio::time::timeout(Duration::from_secs(5), run)
+    shutdown.cancel();
+    let done = tokio::time::timeout(Duration::from_secs(5), run)
         .await
-        .expect("run returns once the produce ended")
+        .expect("run returns once the answer came")
         .unwrap();
-    assert_eq!(sink.produce_calls(), 1, "no batch started after shutdown");
-    if fail {
-        assert_eq!(unpublished(&db).await, 30);
-        assert!(sink.produced().is_empty());
-    } else {
-        assert_eq!(published(&db).await, 30);
-        assert_eq!(sink.produced().len(), 30);
-    }
-}
+    assert_eq!(done.published, 30);
+    assert_eq!(db.published().await, 30);
+    assert_eq!(
+        broker.requests(TOPIC, 0).len(),
+        1,
+        "nothing sent after shutdown"
+    );
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_lets_the_produce_in_flight_finish_and_commits_it() {
-    shutdown_with_a_produce_in_flight(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_with_a_failing_produce_in_flight_leaves_the_rows_unpublished() {
-    shutdown_with_a_produce_in_flight(true).await;
-}
-
-// ---- backoff ----
-
-/// Runs the publisher (woken by `wake`) until every row is published;
-/// returns the time between its first two produce calls.
-async fn run_until_published(
-    db: &TestDb,
-    rig: &Rig<MemorySink>,
-    sink: &MemorySink,
-    wake: Arc<Notify>,
-) -> Duration {
-    let (token, run) = spawn_run(rig, wake);
-    wait_until("every row to publish", Duration::from_secs(5), || async {
-        unpublished(db).await == 0
+    expire_into_outbox(&db, 10, TOPIC).await;
+    broker.answer_next(TOPIC, 0, [Answer::Hang]);
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::new(Notify::new()), shutdown.clone());
+    wait_until("the second request", Duration::from_secs(5), || async {
+        broker.requests(TOPIC, 0).len() == 2
     })
     .await;
-    token.cancel();
+    let stopping = Instant::now();
+    shutdown.cancel();
     run.await.unwrap();
-    let started = sink.produce_started();
-    assert!(started.len() >= 2, "{} produce calls", started.len());
-    started[1] - started[0]
+    let waited = stopping.elapsed();
+    let stop_wait = rig.publisher.timing().stop_wait;
+    assert!(
+        waited >= stop_wait && waited < stop_wait + Duration::from_secs(2),
+        "waited {waited:?} for the unanswered request"
+    );
+    assert_eq!(db.unpublished().await, 10);
+    assert_eq!(db.leased().await, 0, "released for another instance");
 }
 
+// ---- a partition on its own ----
+
+/// After a failure the partition waits for its own backoff, not for the
+/// next commit notification.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_failure_the_next_attempt_waits_for_the_backoff_not_a_commit() {
+async fn after_a_failure_the_partition_waits_for_its_backoff_not_a_commit() {
     let db = TestDb::new().await;
-    expire_into_outbox(&db, 10).await;
-    let sink = MemorySink::new();
-    sink.fail_next(1);
-    let rig = rig(db.pool.clone(), sink.clone(), settings(100, 1));
-    // A commit notification is already waiting when the first attempt fails.
+    expire_into_outbox(&db, 10, TOPIC).await;
+    let (rig, broker) = scripted(&db, 1, 100);
+    broker.answer_next(
+        TOPIC,
+        0,
+        [Answer::Fail(retriable("NOT_LEADER_OR_FOLLOWER"))],
+    );
     let wake = Arc::new(Notify::new());
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::clone(&wake), shutdown.clone());
+    wait_until("the first try", Duration::from_secs(5), || async {
+        !broker.requests(TOPIC, 0).is_empty()
+    })
+    .await;
     wake.notify_one();
-    let gap = run_until_published(&db, &rig, &sink, wake).await;
-    // The first backoff step is 100 ms, jittered to between 50 and 100 ms;
-    // the 30 s poll interval cannot be what ended the wait.
+    wait_until("every row published", Duration::from_secs(5), || async {
+        db.unpublished().await == 0
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap();
+    let tries = broker.requests(TOPIC, 0);
+    let gap = tries[1] - tries[0];
+    // The first backoff step is 100 ms, drawn from half to all of it.
     assert!(
-        gap >= Duration::from_millis(50) && gap < Duration::from_secs(5),
+        gap >= Duration::from_millis(50) && gap < Duration::from_secs(1),
         "retry after {gap:?}"
     );
-    assert_eq!(rig.metrics.outbox_publish_errors.get(), 1);
-    assert!(rig.health.broker_ready(), "the retry was acknowledged");
+    assert_eq!(rig.produce_errors("NOT_LEADER_OR_FOLLOWER"), 1);
+    assert!(rig.health().broker_ready(), "the retry was acknowledged");
 }
 
-/// One partition failing while the others are acknowledged (a leader
-/// moving off one broker) is progress: the next batch goes at once, not
-/// after the backoff, and the failure is still counted. The rows left
-/// pending go after a short hold (see the next test).
+/// A partition that stays unwritable while the others are fine holds them
+/// back in nothing: the claim leaves its rows in the outbox once it holds
+/// its share (`key_hash % partitions` in the claim's SQL), the others are
+/// published, and its rows go once it is writable again, each once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_partly_acknowledged_batch_the_next_goes_at_once() {
+async fn a_partition_that_stays_unwritable_holds_back_no_other() {
     let db = TestDb::new().await;
-    expire_into_outbox(&db, 20).await;
-    let sink = MemorySink::new();
-    sink.partial_next(6);
-    let rig = rig(db.pool.clone(), sink.clone(), settings(10, 1));
-    let gap = run_until_published(&db, &rig, &sink, Arc::new(Notify::new())).await;
-    // A backoff would be at least 50 ms (see the test above).
-    assert!(gap < Duration::from_millis(50), "next batch after {gap:?}");
-    assert_eq!(
-        sink.produced().len(),
-        20,
-        "acknowledged rows not sent again"
-    );
-    assert_eq!(rig.metrics.outbox_publish_errors.get(), 1);
-}
-
-/// A partition that stays unwritable while the others are fine does not
-/// hold them back: without holds its backlog, the oldest rows, would fill
-/// every batch after a few (here a third of the rows fail and a batch is
-/// 30 rows, so from the fourth batch on). Its rows wait in the outbox and go
-/// once it is writable again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partition_that_stays_unwritable_does_not_hold_back_the_others() {
-    let db = TestDb::new().await;
-    expire_into_outbox(&db, 300).await;
-    let keys = outbox_keys(&db).await;
-    let failing: Vec<String> = keys.iter().step_by(3).cloned().collect();
-    let sink = MemorySink::new();
-    sink.set_unwritable_keys(failing.clone());
-    let rig = rig(db.pool.clone(), sink.clone(), settings(30, 1));
-    let (token, run) = spawn_run(&rig, Arc::new(Notify::new()));
+    expire_into_outbox(&db, 600, TOPIC).await;
+    let keys = db.outbox_keys().await;
+    let on_0 = keys
+        .iter()
+        .filter(|k| booking_expired_proto::partition_for_key(k.as_bytes(), 3) == 0)
+        .count() as i64;
+    // 10 rows a request: at most 160 held, a partition's share is 13.
+    let (rig, broker) = scripted(&db, 3, 10);
+    broker.answer(TOPIC, 0, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::new(Notify::new()), shutdown.clone());
     wait_until(
         "every writable row published",
-        Duration::from_secs(10),
-        || async { published(&db).await == 200 },
+        Duration::from_secs(30),
+        || async { db.published().await == 600 - on_0 },
     )
     .await;
-    assert_eq!(unpublished(&db).await, 100, "the unwritable rows wait");
-    sink.set_unwritable_keys(Vec::new());
-    wait_until("the rest published", Duration::from_secs(10), || async {
-        unpublished(&db).await == 0
+    let held = rig.metrics().outbox_held.get();
+    assert!(
+        held < 2 * 13,
+        "partition 0 holds {held} rows, less than two shares"
+    );
+    assert_eq!(
+        db.leased().await,
+        held,
+        "the rest of its rows wait unleased"
+    );
+    broker.answer(TOPIC, 0, Answer::Ack);
+    wait_until("the rest published", Duration::from_secs(30), || async {
+        db.unpublished().await == 0
     })
     .await;
-    token.cancel();
+    shutdown.cancel();
     run.await.unwrap();
-    assert_eq!(sink.produced().len(), 300, "each row acknowledged once");
-    assert_eq!(distinct_ce_ids(&sink), 300);
+    assert_eq!(written(&broker), (600, 600), "each row acknowledged once");
 }
 
-// ---- stats, retention and the broker check on their own schedules ----
+// ---- stats and retention on their own schedules ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stats_retention_and_broker_check_run_at_once_and_stop_on_shutdown() {
+async fn stats_and_retention_run_at_once_and_stop_on_shutdown() {
     let db = TestDb::new().await;
-    expire_into_outbox(&db, 30).await;
+    expire_into_outbox(&db, 20, TOPIC).await;
     // The outbox rows were written at t0.
     let clock = clock();
-    let sink = MemorySink::new();
-    let rig = rig_with_clock(
+    let settings = publisher_settings(20);
+    let rig = Rig::with_clock(
         db.pool.clone(),
-        sink.clone(),
-        settings(20, 1),
+        ScriptedTransport::new(TOPIC, 1),
+        &settings,
+        timing_for(&settings, Duration::from_secs(35)),
+        TOPIC,
         Arc::new(clock.clone()),
     );
-    assert_eq!(rig.publisher.publish_batch().await.unwrap(), 20);
+    assert_eq!(
+        rig.publish_until_idle(Duration::from_secs(10))
+            .await
+            .published,
+        20
+    );
+    expire_into_outbox(&db, 10, TOPIC).await;
     clock.advance(chrono::Duration::hours(2));
     let token = CancellationToken::new();
     let tasks = [
-        tokio::spawn(
-            // The rig's context: the same manual clock and metrics.
-            LagStats::new(&rig.context).run(token.clone()),
-        ),
+        // The rig's context: the same manual clock and metrics.
+        tokio::spawn(LagStats::new(&rig.context).run(token.clone())),
         tokio::spawn(
             RetentionSweep::new(&rig.context, Duration::from_secs(3600)).run(token.clone()),
         ),
-        {
-            let (publisher, token) = (rig.publisher.clone(), token.clone());
-            tokio::spawn(async move { publisher.run_broker_check(token).await })
-        },
     ];
     wait_until(
-        "the first stats, sweep and check",
+        "the first stats and sweep",
         Duration::from_secs(5),
         || async {
-            rig.metrics.outbox_unpublished.get() == 10
-                && rig.metrics.outbox_deleted.get() == 20
-                && sink.checks() == 1
+            rig.metrics().outbox_unpublished.get() == 10 && rig.metrics().outbox_deleted.get() == 20
         },
     )
     .await;
     assert_eq!(
-        outbox_rows(&db).await,
+        db.outbox_rows().await,
         10,
         "unpublished rows are never swept"
     );
     assert_eq!(
-        rig.metrics.outbox_oldest_unpublished_age_seconds.get(),
+        rig.metrics().outbox_oldest_unpublished_age_seconds.get(),
         7200
     );
     token.cancel();
@@ -472,42 +373,27 @@ async fn stats_retention_and_broker_check_run_at_once_and_stop_on_shutdown() {
 
 // ---- broker readiness ----
 
+/// Readiness comes from real exchanges with the broker: the metadata
+/// read, which the publisher makes with an empty outbox too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_empty_claim_does_not_make_the_broker_ready() {
+async fn readiness_follows_the_metadata_read_with_an_empty_outbox() {
     let db = TestDb::new().await;
-    let sink = MemorySink::new();
-    sink.set_check_failing(true);
-    let rig = rig(db.pool.clone(), sink.clone(), settings(100, 2));
-    assert_eq!(rig.publisher.publish_batch().await.unwrap(), 0);
-    assert!(
-        !rig.health.broker_ready(),
-        "an empty claim never talked to the broker"
-    );
-    assert!(rig.publisher.check_broker().await.is_err());
-    assert!(!rig.health.broker_ready());
-    let drained = rig
-        .publisher
-        .drain(&CancellationToken::new(), Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert_eq!(drained.published, 0);
-    assert!(!rig.health.broker_ready());
-    assert_eq!(sink.produce_calls(), 0);
-
-    // Real exchanges decide: a passing check, then an acknowledged produce.
-    sink.set_check_failing(false);
-    rig.publisher.check_broker().await.unwrap();
-    assert!(rig.health.broker_ready());
-    rig.health.set_broker_reachable(false);
-    expire_into_outbox(&db, 5).await;
-    assert_eq!(rig.publisher.publish_batch().await.unwrap(), 5);
-    assert!(rig.health.broker_ready());
-}
-
-/// A port nothing listens on.
-fn dead_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+    let (rig, broker) = scripted(&db, 3, 100);
+    broker.fail_metadata(Some(retriable("CLIENT_CONNECT")));
+    let shutdown = CancellationToken::new();
+    let run = rig.spawn_run(Arc::new(Notify::new()), shutdown.clone());
+    wait_until("a failed read", Duration::from_secs(5), || async {
+        broker.metadata_reads() >= 1
+    })
+    .await;
+    assert_eq!(rig.health().broker_state(), BrokerState::Unreachable);
+    broker.fail_metadata(None);
+    wait_until("ready", Duration::from_secs(5), || async {
+        rig.health().broker_ready()
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,20 +401,23 @@ async fn a_dead_broker_never_makes_readyz_ready() {
     let db = TestDb::new().await;
     let mut dead = kafka_settings(vec![format!("127.0.0.1:{}", dead_port())]);
     dead.request_timeout = Duration::from_secs(1);
-    let rig = rig(db.pool.clone(), KafkaSink::new(dead), settings(100, 2));
-    // The outbox is empty: the publisher keeps claiming nothing.
-    for _ in 0..3 {
-        assert_eq!(rig.publisher.publish_batch().await.unwrap(), 0);
-        assert!(!rig.health.broker_ready());
-    }
-    let error = rig.publisher.check_broker().await.unwrap_err();
-    assert!(error.as_kafka().is_some(), "{error}");
-    assert!(!rig.health.broker_ready());
-    assert_eq!(rig.publisher.publish_batch().await.unwrap(), 0);
-    assert!(!rig.health.broker_ready());
+    let settings = publisher_settings(100);
+    let rig = Rig::new(
+        db.pool.clone(),
+        KafkaTransport::new(dead),
+        &settings,
+        timing_for(&settings, Duration::from_secs(1)),
+        TOPIC,
+    );
+    rig.run_until("three failed reads", Duration::from_secs(10), || async {
+        assert!(!rig.health().broker_ready());
+        rig.produce_errors("CLIENT_CONNECT") >= 3
+    })
+    .await;
+    assert_eq!(rig.health().broker_state(), BrokerState::Unreachable);
 }
 
-// ---- one deadline per Kafka call ----
+// ---- one bound per Kafka call ----
 
 fn one_record() -> Vec<OutgoingRecord> {
     vec![OutgoingRecord {
@@ -543,19 +432,6 @@ fn with_timeout(bootstrap: String, timeout: Duration) -> KafkaSettings {
     let mut settings = kafka_settings(vec![bootstrap]);
     settings.request_timeout = timeout;
     settings
-}
-
-/// Accepts connections, reads nothing, answers nothing.
-async fn silent_broker() -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((stream, _)) = listener.accept().await {
-            held.push(stream);
-        }
-    });
-    (addr, task)
 }
 
 /// A TCP proxy to `upstream` that holds every chunk of the answers for
@@ -596,27 +472,23 @@ async fn slow_link(upstream: String, delay: Duration) -> (SocketAddr, tokio::tas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_to_a_silent_broker_returns_within_one_request_timeout() {
-    let (addr, broker) = silent_broker().await;
+    let broker = SilentBroker::start().await;
     let timeout = Duration::from_millis(1500);
-    let sink = KafkaSink::new(with_timeout(addr.to_string(), timeout));
-    let started = Instant::now();
-    let error = sink
-        .produce("t", one_record())
-        .await
-        .into_result()
-        .unwrap_err();
-    let took = started.elapsed();
-    assert!(
-        matches!(error.as_kafka(), Some(KafkaError::Timeout { .. })),
-        "{error}"
-    );
-    assert!(took < timeout + Duration::from_millis(500), "took {took:?}");
-    let started = Instant::now();
-    let error = sink.check_topic("t").await.unwrap_err();
-    let took = started.elapsed();
-    assert!(matches!(error, KafkaError::Timeout { .. }), "{error}");
-    assert!(took < timeout + Duration::from_millis(500), "took {took:?}");
-    broker.abort();
+    let transport = KafkaTransport::new(with_timeout(broker.addr.to_string(), timeout));
+    for call in ["produce", "partitions"] {
+        let started = Instant::now();
+        let error = match call {
+            "produce" => transport.produce("t", 0, one_record()).await.unwrap_err(),
+            _ => transport.partitions("t").await.unwrap_err(),
+        };
+        let took = started.elapsed();
+        assert_eq!(error.class, ErrorClass::Retriable, "{call}: {error}");
+        assert_eq!(error.code, "CLIENT_TIMEOUT", "{call}: {error}");
+        assert!(
+            took < timeout + Duration::from_millis(500),
+            "{call} took {took:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -626,42 +498,26 @@ async fn a_fresh_connection_over_a_slow_link_fits_in_one_request_timeout() {
     let (addr, link) = slow_link(kafka_bootstrap()[0].clone(), delay).await;
 
     // The link works: with room for every step, the produce is acknowledged.
-    let roomy = KafkaSink::new(with_timeout(addr.to_string(), Duration::from_secs(20)));
+    let roomy = KafkaTransport::new(with_timeout(addr.to_string(), Duration::from_secs(20)));
     let started = Instant::now();
-    roomy
-        .produce(&topic, one_record())
-        .await
-        .into_result()
-        .unwrap();
+    roomy.produce(&topic, 0, one_record()).await.unwrap();
     let all_steps = started.elapsed();
     eprintln!("a fresh produce over the slow link takes {all_steps:?}");
 
-    // Each step fits in 3 s, all of them do not: one deadline for the call.
+    // Each step fits in 3 s, all of them do not: one bound for the call.
     let timeout = Duration::from_secs(3);
     assert!(all_steps > timeout, "the steps together exceed the timeout");
-    for call in ["produce", "check_topic"] {
-        let sink = KafkaSink::new(with_timeout(addr.to_string(), timeout));
-        let started = Instant::now();
-        let result = match call {
-            "produce" => sink.produce(&topic, one_record()).await.into_result(),
-            _ => sink
-                .check_topic(&topic)
-                .await
-                .map(|_| ())
-                .map_err(Into::into),
-        };
-        let took = started.elapsed();
-        assert!(
-            matches!(
-                result.as_ref().map_err(|e| e.as_kafka()),
-                Err(Some(KafkaError::Timeout { .. }))
-            ),
-            "{call}: {result:?}"
-        );
-        assert!(
-            took < timeout + Duration::from_millis(500),
-            "{call} took {took:?}"
-        );
-    }
+    let transport = KafkaTransport::new(with_timeout(addr.to_string(), timeout));
+    let started = Instant::now();
+    let error = transport
+        .produce(&topic, 0, one_record())
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(error.code, "CLIENT_TIMEOUT", "{error}");
+    assert!(
+        took < timeout + Duration::from_millis(500),
+        "produce took {took:?}"
+    );
     link.abort();
 }

@@ -6,17 +6,11 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::Arc,
     time::Duration,
 };
 
 use crate::support::*;
-use booking_expiration::context::TaskContext;
-use booking_expiration::{
-    clock::SystemClock,
-    config::PublisherSettings,
-    outbox::{KafkaSink, Publisher},
-};
+use booking_expiration::{clock::SystemClock, outbox::KafkaTransport};
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -56,22 +50,20 @@ fn trace_id(record: &ConsumedRecord) -> String {
     traceparent.split('-').nth(1).expect("trace id").to_owned()
 }
 
-fn publisher(db: &TestDb, topic: &str) -> Publisher {
-    Publisher::new(
-        &TaskContext::new(db.pool.clone(), Arc::new(SystemClock)),
-        KafkaSink::new(kafka_settings(kafka_bootstrap())),
-        PublisherSettings {
-            batch_size: 100,
-            poll_interval: Duration::from_millis(200),
-            retention: Duration::from_secs(3600),
-            concurrency: 1,
-        },
-        topic.to_owned(),
+fn publisher(db: &TestDb, topic: &str) -> Rig<KafkaTransport> {
+    let settings = publisher_settings(100);
+    let timing = timing_for(&settings, Duration::from_secs(35));
+    Rig::new(
+        db.pool.clone(),
+        KafkaTransport::new(kafka_settings(kafka_bootstrap())),
+        &settings,
+        timing,
+        topic,
     )
 }
 
-async fn publish_all(publisher: &Publisher) {
-    while publisher.publish_batch().await.expect("publish") > 0 {}
+async fn publish_all(publisher: &Rig<KafkaTransport>) {
+    publisher.publish_until_idle(Duration::from_secs(60)).await;
 }
 
 /// md5 of every booking column of every row, in id order.

@@ -3,25 +3,25 @@
 //! listener; in the same run, alternating:
 //!
 //! - produce throughput of the publisher's Kafka leg (the project's
-//!   `KafkaSink`, batches of the publisher's size, no database in the loop)
+//!   `KafkaTransport`, batches of the publisher's size split by partition,
+//!   no database in the loop)
 //!   over SASL_SSL (through the in-process TLS bridge) against PLAINTEXT;
-//! - connection set-up: a fresh sink's first call (bootstrap connection,
-//!   metadata, leader connection, per-partition lookups) over PLAINTEXT,
-//!   SSL and SASL_SSL.
+//! - connection set-up: a fresh transport's first metadata read (bootstrap
+//!   connection, metadata) over PLAINTEXT, SSL and SASL_SSL.
 
 use std::{path::PathBuf, time::Instant};
 
 use anyhow::{Context, Result, ensure};
 use booking_expiration::{
     config::{KafkaSettings, KafkaTls, SaslMechanism, SaslSettings},
-    outbox::{KafkaSink, OutgoingRecord},
+    outbox::{KafkaTransport, OutgoingRecord, Transport},
 };
 use serde::{Deserialize, Serialize};
 
 use super::reps;
 use crate::{
     progress,
-    support::{Services, Stat, loadavg},
+    support::{Services, Stat, loadavg, produce_keyed},
 };
 
 const USER: &str = "bench";
@@ -83,9 +83,7 @@ fn records(n: usize) -> Vec<OutgoingRecord> {
             key: uuid::Uuid::new_v4().to_string(),
             // About the size of a BookingExpiredEvent.
             value: vec![(i % 251) as u8; 180],
-            headers: [("ce_type".to_owned(), b"bench".to_vec())]
-                .into_iter()
-                .collect(),
+            headers: [("ce_type", "bench")].into_iter().collect(),
             timestamp: now,
         })
         .collect()
@@ -93,20 +91,20 @@ fn records(n: usize) -> Vec<OutgoingRecord> {
 
 /// Records/s of `batches` produce calls after one warm-up call.
 async fn produce_rate(kafka: KafkaSettings, topic: &str, batches: usize) -> Result<f64> {
-    let sink = KafkaSink::new(kafka);
-    sink.produce(topic, records(BATCH)).await.into_result()?;
+    let transport = KafkaTransport::new(kafka);
+    produce_keyed(&transport, topic, 3, records(BATCH)).await?;
     let prepared: Vec<_> = (0..batches).map(|_| records(BATCH)).collect();
     let started = Instant::now();
     for batch in prepared {
-        sink.produce(topic, batch).await.into_result()?;
+        produce_keyed(&transport, topic, 3, batch).await?;
     }
     Ok((batches * BATCH) as f64 / started.elapsed().as_secs_f64())
 }
 
 async fn setup_ms(kafka: KafkaSettings, topic: &str) -> Result<f64> {
-    let sink = KafkaSink::new(kafka);
+    let transport = KafkaTransport::new(kafka);
     let started = Instant::now();
-    let partitions = sink.check_topic(topic).await?;
+    let partitions = transport.partitions(topic).await?;
     ensure!(partitions == 3, "{partitions} partitions");
     Ok(started.elapsed().as_secs_f64() * 1000.0)
 }

@@ -1,7 +1,8 @@
-//! Figure 4, the publisher: `Publisher::drain` against the DB-only limit
-//! (claim + mark published, no Kafka) on an outbox of 10k rows, with two
+//! Figure 4, the publisher: the pipeline draining an outbox of 10k rows to
+//! Kafka against its DB-only limit (the same pipeline with a broker that
+//! acknowledges at once: its claims, leases and marks alone), with two
 //! profile rows: the Kafka-only limit (the same records through
-//! `KafkaSink`, no database) with the serial model, and two publisher
+//! `KafkaTransport`, no database) with the serial model, and two publisher
 //! instances in parallel.
 
 use std::{sync::Arc, time::Duration, time::Instant};
@@ -11,13 +12,15 @@ use booking_expiration::{
     clock::SystemClock,
     config::{KafkaSettings, PublisherSettings},
     context::TaskContext,
-    db::{self, PgPool, outbox},
-    outbox::{KafkaSink, Publisher, kafka::OutgoingRecord},
+    db::PgPool,
+    events::Headers,
+    outbox::{
+        KafkaTransport, OutgoingRecord, PgStore, Publisher, ScriptedTransport, Timing, Transport,
+    },
     telemetry::{Health, Metrics},
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
-use tokio_util::sync::CancellationToken;
 
 use super::{
     TOPIC,
@@ -26,7 +29,7 @@ use super::{
 };
 use crate::{
     progress,
-    support::{Services, Stat, count, loadavg, num},
+    support::{Services, Stat, count, loadavg, num, produce_keyed},
     templates::DueSet,
 };
 
@@ -36,28 +39,25 @@ pub const PUBLISH_BATCH: u32 = 500;
 /// The database the figure copies: `tpl_10k` after one worker cycle.
 const TEMPLATE: &str = "tpl_pub";
 
-/// `OUTBOX_CONCURRENCY`'s default: batches in flight while draining.
-fn publish_concurrency() -> u32 {
-    booking_expiration::config::defaults::OUTBOX_CONCURRENCY
-}
-
 /// The publisher figure (`results.json`'s `publisher`).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PublisherFigure {
     /// Outbox rows, the warm-up batch included.
     pub rows: u64,
     pub batch: u32,
-    /// The first batch of each run (connect, metadata) is not timed.
+    /// Each run's connection and metadata read are made before the clock
+    /// starts.
     pub warm_up_batch_excluded: bool,
     pub kafka_events_per_s: Stat,
     pub db_only_rows_per_s: Stat,
     /// Publisher median over DB-only median.
     pub ratio: f64,
     pub kafka_only_records_per_s: Stat,
-    /// Time inside `produce` (summed over lanes) over the publisher's time.
+    /// Time inside produce requests (summed over the partitions, which run
+    /// side by side) over the publisher's time.
     pub produce_share_of_publisher_time: Stat,
-    /// One batch after the other: DB time and Kafka time add up,
-    /// `1 / (1/DB-only + 1/Kafka-only)` of the medians.
+    /// Were DB time and Kafka time to add up (claim, produce, mark in
+    /// series): `1 / (1/DB-only + 1/Kafka-only)` of the medians.
     pub serial_model_events_per_s: f64,
     pub two_instances_events_per_s: Stat,
     pub loadavg_at_start: [f64; 3],
@@ -177,13 +177,31 @@ fn kafka_settings(svc: &Services) -> KafkaSettings {
     }
 }
 
-fn publisher_settings(concurrency: u32) -> PublisherSettings {
+fn publisher_settings() -> PublisherSettings {
     PublisherSettings {
         batch_size: PUBLISH_BATCH,
         poll_interval: Duration::from_secs(1),
         retention: Duration::from_secs(86_400),
-        concurrency,
+        ..PublisherSettings::default()
     }
+}
+
+/// A publisher on `pool` through `transport`, in `context`.
+fn publisher<T: Transport>(context: &TaskContext, transport: T) -> Publisher<T, PgStore> {
+    let settings = publisher_settings();
+    let timing = Timing {
+        request_timeout: Duration::from_secs(35),
+        ..Timing::default()
+    };
+    Publisher::on_database(context, transport, timing, &settings, TOPIC.into())
+}
+
+/// The project's Kafka transport, connected and with the topic's
+/// metadata read (untimed).
+async fn warm_transport(svc: &Services) -> Result<KafkaTransport> {
+    let transport = KafkaTransport::new(kafka_settings(svc));
+    transport.partitions(TOPIC).await?;
+    Ok(transport)
 }
 
 /// `<name>_sum` of a histogram in the Prometheus text of `metrics`.
@@ -196,77 +214,38 @@ fn histogram_sum(metrics: &Metrics, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Rows published after the first (warm-up) batch, the time they took, and
-/// (Kafka side) the part of it spent in `produce` (the publisher's own
-/// `outbox_produce_duration_seconds`).
+/// Rows published, the time they took, and (Kafka side) the time spent
+/// in produce requests (the publisher's own
+/// `outbox_produce_duration_seconds`, summed over partitions).
 async fn publish_all(svc: &Services, kafka: bool, total: u64) -> Result<(u64, f64, f64)> {
     let db = svc.copy(TEMPLATE).await?;
     let url = svc.url_of(&db);
     let pool = pools(&url, 1).await?.remove(0);
     let produce_metric = "crm_booking_expiration_outbox_produce_duration_seconds";
-    let (rows, secs, produce_secs) = if kafka {
-        let context = publisher_context(pool.clone());
-        let metrics = Arc::clone(&context.metrics);
-        let publisher = Publisher::new(
-            &context,
-            KafkaSink::new(kafka_settings(svc)),
-            publisher_settings(publish_concurrency()),
-            TOPIC.into(),
-        );
-        // Both pooled connections open, as in a running service.
-        let warm = (pool.get().await?, pool.get().await?);
-        drop(warm);
-        // Warm-up batch: connects to the broker and loads the metadata.
-        let first = publisher.publish_batch().await?;
-        let produce_before = histogram_sum(&metrics, produce_metric);
+    let context = publisher_context(pool.clone());
+    let metrics = Arc::clone(&context.metrics);
+    // The pooled connection open, as in a running service.
+    drop(pool.get().await?);
+    let (published, secs) = if kafka {
+        let publisher = publisher(&context, warm_transport(svc).await?);
         let started = Instant::now();
-        let mut rows = 0;
-        let never = CancellationToken::new();
-        loop {
-            let drained = publisher.drain(&never, Duration::from_secs(3600)).await?;
-            rows += drained.published;
-            if !drained.more {
-                break;
-            }
-        }
-        ensure!(
-            (first + rows) as u64 == total,
-            "published {} of {total}",
-            first + rows
-        );
-        let produce_secs = histogram_sum(&metrics, produce_metric) - produce_before;
-        (rows as u64, started.elapsed().as_secs_f64(), produce_secs)
+        let published = publisher.publish_until_idle().await;
+        (published, started.elapsed().as_secs_f64())
     } else {
-        let mut conn = pool.get().await?;
-        let batch = async |conn: &mut AsyncPgConnection| -> Result<usize> {
-            Ok(conn
-                .transaction(async |c| {
-                    let rows = outbox::claim_unpublished(c, PUBLISH_BATCH).await?;
-                    if rows.is_empty() {
-                        return Ok::<_, db::DbError>(0);
-                    }
-                    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
-                    outbox::mark_published(c, &ids, crate::support::wall_now()).await?;
-                    Ok(ids.len())
-                })
-                .await?)
-        };
-        let first = batch(&mut conn).await?;
+        let publisher = publisher(&context, ScriptedTransport::new(TOPIC, 3));
         let started = Instant::now();
-        let mut rows = 0;
-        loop {
-            let n = batch(&mut conn).await?;
-            if n == 0 {
-                break;
-            }
-            rows += n;
-        }
-        ensure!(
-            (first + rows) as u64 == total,
-            "marked {} of {total}",
-            first + rows
-        );
-        (rows as u64, started.elapsed().as_secs_f64(), 0.0)
+        let published = publisher.publish_until_idle().await;
+        (published, started.elapsed().as_secs_f64())
+    };
+    ensure!(
+        published.published == total,
+        "published {} of {total}",
+        published.published
+    );
+    let produce_secs = if kafka {
+        histogram_sum(&metrics, produce_metric)
+    } else {
+        0.0
     };
     let mut conn = AsyncPgConnection::establish(&url).await?;
     let left = count(
@@ -278,90 +257,81 @@ async fn publish_all(svc: &Services, kafka: bool, total: u64) -> Result<(u64, f6
     drop(conn);
     drop(pool);
     svc.drop_db(&db).await?;
-    Ok((rows, secs, produce_secs))
+    Ok((published.published, secs, produce_secs))
 }
 
-/// `n` publisher instances (own pool, own Kafka connection each) draining
-/// one outbox at once: what overlapping DB and Kafka work gives.
+/// `n` publisher instances (own pool, own Kafka connections each) draining
+/// one outbox at once.
 async fn publish_parallel(svc: &Services, n: usize, total: u64) -> Result<(u64, f64)> {
     let db = svc.copy(TEMPLATE).await?;
     let url = svc.url_of(&db);
     let mut publishers = Vec::new();
-    let mut warm = 0;
     for pool in pools(&url, n).await? {
-        let publisher = Arc::new(Publisher::new(
-            &publisher_context(pool),
-            KafkaSink::new(kafka_settings(svc)),
-            publisher_settings(1),
-            TOPIC.into(),
-        ));
-        // Warm-up batch per instance (connect, metadata).
-        warm += publisher.publish_batch().await?;
-        publishers.push(publisher);
+        let context = publisher_context(pool);
+        publishers.push(publisher(&context, warm_transport(svc).await?));
     }
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for publisher in publishers {
-        tasks.spawn(async move {
-            let mut rows = 0;
-            loop {
-                let k = publisher.publish_batch().await?;
-                if k == 0 {
-                    return Ok::<_, anyhow::Error>(rows);
-                }
-                rows += k;
-            }
-        });
+        tasks.spawn(async move { publisher.publish_until_idle().await.published });
     }
     let mut rows = 0;
     while let Some(r) = tasks.join_next().await {
-        rows += r??;
+        rows += r?;
     }
     let secs = started.elapsed().as_secs_f64();
-    ensure!(
-        (warm + rows) as u64 == total,
-        "published {} of {total}",
-        warm + rows
-    );
+    ensure!(rows == total, "published {rows} of {total}");
     svc.drop_db(&db).await?;
-    Ok((rows as u64, secs))
+    Ok((rows, secs))
 }
 
 /// The Kafka-only limit: the same records (read from the outbox template
-/// without locking), produced by the project's `KafkaSink` in batches of
-/// the same size, one batch at a time, no database in the loop.
+/// without locking), produced by the project's `KafkaTransport` in requests
+/// of the same size per partition, the partitions side by side, one batch
+/// at a time, no database in the loop.
 async fn kafka_only(svc: &Services) -> Result<(u64, f64)> {
+    #[derive(diesel::QueryableByName)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        message_key: String,
+        #[diesel(sql_type = diesel::sql_types::Binary)]
+        payload: Vec<u8>,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        headers: String,
+    }
     let mut conn = AsyncPgConnection::establish(&svc.url_of(TEMPLATE)).await?;
-    let rows: Vec<outbox::OutboxRow> = diesel::sql_query(
-        "SELECT id, event_id, topic, message_key, payload, headers, created_at \
+    let rows: Vec<Row> = diesel::sql_query(
+        "SELECT message_key, payload, headers::text AS headers \
          FROM booking_expiration_outbox ORDER BY id",
     )
     .load(&mut conn)
     .await?;
     drop(conn);
     svc.wait_idle(TEMPLATE).await?;
-    let sink = KafkaSink::new(kafka_settings(svc));
-    sink.check_topic(TOPIC).await?;
-    let records = |chunk: &[outbox::OutboxRow]| -> Vec<OutgoingRecord> {
+    let transport = warm_transport(svc).await?;
+    let records = |chunk: &[Row]| -> Result<Vec<OutgoingRecord>> {
         let now = crate::support::wall_now();
         chunk
             .iter()
-            .map(|row| OutgoingRecord {
-                key: row.message_key.clone(),
-                value: row.payload.clone(),
-                headers: row.header_pairs().into_iter().collect(),
-                timestamp: now,
+            .map(|row| {
+                Ok(OutgoingRecord {
+                    key: row.message_key.clone(),
+                    value: row.payload.clone(),
+                    headers: Headers::from_json(row.headers.as_bytes())
+                        .map_err(anyhow::Error::msg)?,
+                    timestamp: now,
+                })
             })
             .collect()
     };
     let mut chunks = rows.chunks(PUBLISH_BATCH as usize);
     if let Some(first) = chunks.next() {
-        sink.produce(TOPIC, records(first)).await.into_result()?;
+        produce_keyed(&transport, TOPIC, 3, records(first)?).await?;
     }
     let started = Instant::now();
     let mut n = 0;
     for chunk in chunks {
-        sink.produce(TOPIC, records(chunk)).await.into_result()?;
+        produce_keyed(&transport, TOPIC, 3, records(chunk)?).await?;
         n += chunk.len() as u64;
     }
     Ok((n, started.elapsed().as_secs_f64()))

@@ -9,6 +9,7 @@ mod db;
 mod kafka;
 mod otelcol;
 mod process;
+mod publishing;
 mod scheduler;
 
 use std::{
@@ -28,6 +29,7 @@ pub use db::*;
 pub use kafka::*;
 pub use otelcol::Collector;
 pub use process::*;
+pub use publishing::*;
 pub use scheduler::Scheduler;
 
 /// The servers the test command (`bash scripts/test.sh`) started.
