@@ -10,9 +10,10 @@
 //! - [`events`]: domain event → protobuf value, Kafka key, CloudEvents headers.
 //! - [`db`]: the pool, embedded migrations, the bookings and outbox
 //!   repositories. All SQL lives here.
-//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule, the
-//!   memory of refused (poison) rows, and the scheduler that repeats cycles
-//!   at each tick and deadline and probes for new deadlines while it sleeps.
+//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule, each
+//!   phase's sweep position (poison rows passed over), the clock-skew
+//!   check, and the scheduler that repeats cycles at each tick and deadline
+//!   and probes for new deadlines while it sleeps.
 //! - [`outbox`]: the publisher (claim, produce, mark) behind the `Sink` seam
 //!   (rskafka, or in memory for tests), its upkeep tasks, and the
 //!   in-process TLS bridge that carries rskafka's connections for `SSL` and
@@ -50,7 +51,7 @@
 //!
 //! 1. `scheduler`
 //! 2. `cycle`
-//! 3. `refused`, `wake`
+//! 3. `skew`, `sweep`, `wake`
 //!
 //! ## Rooms of `db`
 //!
