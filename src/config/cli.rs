@@ -855,6 +855,36 @@ mod tests {
         assert_eq!(seen, listed, "ranges without an argument, or the reverse");
     }
 
+    /// docs/configuration.md gives every range: in the settings table (a
+    /// variable) and in the table of "Ranges" with its reason.
+    #[test]
+    fn the_configuration_page_gives_every_range() {
+        let page = include_str!("../../docs/configuration.md");
+        let durations = ranges::DURATIONS.iter().map(|r| (r.setting, r.text()));
+        let counts = ranges::COUNTS.iter().map(|r| (r.setting, r.text()));
+        for (setting, text) in durations.chain(counts) {
+            let name = format!("`{setting}`");
+            let rows: Vec<&str> = page
+                .lines()
+                .filter(|line| {
+                    line.starts_with('|')
+                        && line
+                            .split('|')
+                            .nth(1)
+                            .is_some_and(|cell| cell.contains(&name))
+                })
+                .collect();
+            let expected = if setting.starts_with("--") { 1 } else { 2 };
+            assert_eq!(rows.len(), expected, "{setting}: rows {rows:?}");
+            for row in rows {
+                assert!(
+                    row.contains(&text),
+                    "{setting}: {row:?} does not say {text:?}"
+                );
+            }
+        }
+    }
+
     /// The command line that sets `setting` to `value`, and what the
     /// command makes of it: settings validated as the binary would.
     fn outcome_of(setting: &str, value: &str) -> Result<(), ConfigError> {
