@@ -364,10 +364,10 @@ async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
     );
 }
 
-/// The poison rows a cycle sets aside are tried again every second tick
-/// (and counted again), so they are never forgotten.
+/// The poison rows a sweep passed over are tried again (and counted again)
+/// by the sweep that starts over at each tick, so they are never forgotten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_rows_set_aside_are_tried_again_every_second_tick() {
+async fn poison_rows_passed_over_are_tried_again_at_the_ticks() {
     let db = TestDb::new().await;
     let poison = NewBooking::new("Booked")
         .booking_deadline(now() - ChronoDuration::minutes(5))
@@ -380,8 +380,8 @@ async fn poison_rows_set_aside_are_tried_again_every_second_tick() {
             ..one_small_batch_per_cycle()
         },
     );
-    // Refused at the first cycle (a tick), then at the third and the fifth
-    // tick: about 4 s.
+    // Refused at the first cycle (a tick), whose sweep reaches the end, then
+    // by the sweeps that start over at the next two ticks: about 2 s.
     wait_until(
         "the poison row refused three times",
         Duration::from_secs(15),
@@ -408,7 +408,9 @@ async fn a_batch_of_poison_rows_never_keeps_the_rows_behind_it_on_the_fixed_sche
             ..one_small_batch_per_cycle()
         },
     );
-    // Cycles 1 and 3 refuse the poison rows, 2 and 4 take the 8 behind them.
+    // Cycle 1 refuses the poison rows (a full batch: the sweep goes on),
+    // cycles 2 and 3 take the 8 behind them; the sweep reached the end, so
+    // cycle 4 starts over and refuses the poison rows again.
     for booking in &good {
         wait_expired(&db, booking.id, Duration::from_secs(20)).await;
     }
