@@ -49,6 +49,7 @@ COUNTERS = {
     "crm_booking_expiration_skip_locked": [],
     "crm_booking_expiration_errors": [],
     "crm_booking_expiration_cycles_failed": [],
+    "crm_booking_expiration_clock_skew_backoffs": [],
     "crm_booking_expiration_outbox_published": [],
     "crm_booking_expiration_outbox_publish_errors": [],
     "crm_booking_expiration_outbox_deleted": [],
@@ -59,6 +60,7 @@ GAUGES = [
     "crm_booking_expiration_backlog",
     "crm_booking_expiration_last_success_timestamp_seconds",
     "crm_booking_expiration_clock_skew_seconds",
+    "crm_booking_expiration_clock_skew_exceeded",
     "crm_booking_expiration_outbox_unpublished",
     "crm_booking_expiration_outbox_oldest_unpublished_age_seconds",
     "crm_booking_expiration_outbox_parked",
@@ -327,6 +329,7 @@ def cmd_metrics() -> None:
 # would be pending).
 HEALTHY_FLAT = {
     "crm_booking_expiration_errors",
+    "crm_booking_expiration_clock_skew_backoffs",
     "crm_booking_expiration_cycles_failed",
     "crm_booking_expiration_outbox_publish_errors",
 }
@@ -390,6 +393,7 @@ class StandIn:
             "crm_booking_expiration_backlog": 7,
             "crm_booking_expiration_last_success_timestamp_seconds": int(time.time()) - 3,
             "crm_booking_expiration_clock_skew_seconds": 0.01,
+            "crm_booking_expiration_clock_skew_exceeded": 0,
             "crm_booking_expiration_outbox_unpublished": 12,
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds": 2,
             "crm_booking_expiration_outbox_parked": 0,

@@ -343,3 +343,32 @@ pub async fn seed(
     tracing::info!(inserted, "bookings seeded");
     Ok(inserted)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::config::{KafkaSettings, KafkaTls};
+
+    /// `run` reads the Kafka TLS files at start, right after parsing
+    /// (config takes the paths as they are): a missing CA file is the line
+    /// of an exit 2 naming its setting.
+    #[test]
+    fn the_start_up_check_reads_the_kafka_tls_files() {
+        if !crate::tls::cpu_supported() {
+            // No TLS on this CPU at all: its own start-up error, tested where it is made.
+            return;
+        }
+        let settings = KafkaSettings {
+            tls: Some(KafkaTls {
+                ca: Some(PathBuf::from("/nonexistent/ca.pem")),
+                client: None,
+            }),
+            ..KafkaSettings::new(vec!["h:9092".into()])
+        };
+        let error = (STARTUP_CHECKS.kafka)(&settings).unwrap_err();
+        assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
+        assert!(error.problem.contains("cannot read"), "{error}");
+    }
+}

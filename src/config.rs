@@ -27,6 +27,7 @@ pub mod parse;
 pub mod pg_tls;
 pub mod pg_url;
 mod publisher;
+pub mod ranges;
 pub(crate) mod secret;
 mod seed;
 
@@ -36,9 +37,9 @@ pub use cli::{
     Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, OutboxCommand, RepublishArgs, RunArgs,
 };
 pub use database::{DatabaseSettings, DatabaseUrl, Pooler};
+use defaults::AsText as _;
 pub use expiry::{EventSettings, ExpirySettings, ShutdownSettings};
 pub use http::HttpSettings;
-use kafka::kafka_settings;
 pub use kafka::{
     Compression, KafkaClientCert, KafkaSettings, KafkaTls, SaslMechanism, SaslSettings,
     SecurityProtocol,
@@ -140,10 +141,13 @@ impl Settings {
                 "and NO_PUBLISHER together leave nothing to run",
             ));
         }
+        if !args.no_worker {
+            check_liveness_spans_a_tick(&args.http, &args.expiry)?;
+        }
         let kafka = if args.no_publisher {
             None
         } else {
-            let kafka = kafka_settings(args.kafka)?;
+            let kafka = args.kafka.settings()?;
             (checks.kafka)(&kafka)?;
             Some(kafka)
         };
@@ -171,6 +175,29 @@ impl Settings {
     pub fn stop_grace(&self) -> Duration {
         self.shutdown.grace + STOP_MARGIN
     }
+}
+
+/// `LIVENESS_WINDOW` must be longer than `EXPIRATION_INTERVAL`: an instance
+/// with nothing due completes one cycle per tick, and `/healthz` fails
+/// when no cycle succeeded within the window, so a shorter window would
+/// fail an idle, healthy worker between its ticks (and an orchestrator
+/// would restart it again and again).
+fn check_liveness_spans_a_tick(
+    http: &HttpSettings,
+    expiry: &ExpirySettings,
+) -> Result<(), ConfigError> {
+    if http.liveness_window > expiry.interval {
+        return Ok(());
+    }
+    Err(ConfigError::new(
+        "LIVENESS_WINDOW",
+        format!(
+            "{} must be longer than EXPIRATION_INTERVAL ({}): an idle instance completes \
+             a cycle once per tick, so /healthz would fail between ticks",
+            http.liveness_window.as_text(),
+            expiry.interval.as_text(),
+        ),
+    ))
 }
 
 #[cfg(test)]

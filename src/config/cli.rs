@@ -8,10 +8,11 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, Pooler, PublisherSettings, SaslMechanism, SecurityProtocol, SeedSettings,
-    ShutdownSettings,
+    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, Pooler, PublisherSettings,
+    SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings, ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
+    ranges,
     secret::Secret,
 };
 
@@ -118,9 +119,9 @@ pub struct RepublishArgs {
     /// Print the events (one JSON line each on stdout) instead of enqueuing them.
     #[arg(long = "dry-run")]
     pub dry_run: bool,
-    /// Expiry records per transaction.
+    /// Expiry records per transaction; 1 to 10000.
     #[arg(long = "batch-size", default_value = text!(defaults::REPUBLISH_BATCH_SIZE),
-          value_parser = setting(parse::count::<u32, { parse::MAX_OUTBOX_BATCH_SIZE }>))]
+          value_parser = parse::count_within::<u32>(&ranges::REPUBLISH_BATCH_SIZE))]
     pub batch_size: u32,
     /// Resume: start after this audit record id (the `after` of the last progress line).
     #[arg(long = "after", default_value_t = 0)]
@@ -174,18 +175,18 @@ pub struct DatabaseArgs {
     #[arg(id = "DATABASE_URL", long = "database-url", env = "DATABASE_URL", hide_env_values = true,
           value_parser = setting(parse::database_url))]
     pub database_url: Option<DatabaseUrl>,
-    /// Maximum connections in the pool.
+    /// Maximum connections in the pool; 1 to 1000.
     #[arg(id = "DATABASE_POOL_SIZE", long = "database-pool-size", env = "DATABASE_POOL_SIZE",
           default_value = text!(defaults::DATABASE_POOL_SIZE),
-          value_parser = setting(parse::count::<u32, { parse::MAX_POOL_SIZE }>))]
+          value_parser = parse::count_within::<u32>(&ranges::DATABASE_POOL_SIZE))]
     pub database_pool_size: u32,
-    /// Time to wait for a connection.
+    /// Time to wait for a connection; 100ms to 10m.
     #[arg(id = "DATABASE_CONNECT_TIMEOUT", long = "database-connect-timeout", env = "DATABASE_CONNECT_TIMEOUT",
-          default_value = text!(defaults::DATABASE_CONNECT_TIMEOUT), value_parser = setting(parse::positive_duration))]
+          default_value = text!(defaults::DATABASE_CONNECT_TIMEOUT), value_parser = parse::within(&ranges::DATABASE_CONNECT_TIMEOUT))]
     pub database_connect_timeout: Duration,
-    /// Server-side limit of one statement.
+    /// Server-side limit of one statement (twice that for an idle transaction); 1s to 12d.
     #[arg(id = "DATABASE_STATEMENT_TIMEOUT", long = "database-statement-timeout", env = "DATABASE_STATEMENT_TIMEOUT",
-          default_value = text!(defaults::DATABASE_STATEMENT_TIMEOUT), value_parser = setting(parse::positive_duration))]
+          default_value = text!(defaults::DATABASE_STATEMENT_TIMEOUT), value_parser = parse::within(&ranges::DATABASE_STATEMENT_TIMEOUT))]
     pub database_statement_timeout: Duration,
     /// none or transaction: a pooler in transaction mode (PgBouncer
     /// pool_mode=transaction) between the worker and PostgreSQL.
@@ -227,9 +228,9 @@ pub struct KafkaArgs {
     #[arg(id = "KAFKA_CLIENT_ID", long = "kafka-client-id", env = "KAFKA_CLIENT_ID",
           default_value = defaults::KAFKA_CLIENT_ID)]
     pub kafka_client_id: String,
-    /// Limit of one metadata or produce exchange, retries included.
+    /// Limit of one metadata or produce exchange, retries included; 100ms to 10m.
     #[arg(id = "KAFKA_REQUEST_TIMEOUT", long = "kafka-request-timeout", env = "KAFKA_REQUEST_TIMEOUT",
-          default_value = text!(defaults::KAFKA_REQUEST_TIMEOUT), value_parser = setting(parse::positive_duration))]
+          default_value = text!(defaults::KAFKA_REQUEST_TIMEOUT), value_parser = parse::within(&ranges::KAFKA_REQUEST_TIMEOUT))]
     pub kafka_request_timeout: Duration,
     /// Create the topic when it does not exist (otherwise a missing topic is an error).
     #[arg(
@@ -239,15 +240,15 @@ pub struct KafkaArgs {
         default_value_t = false
     )]
     pub kafka_create_topic: bool,
-    /// Partitions of a topic created by KAFKA_CREATE_TOPIC.
+    /// Partitions of a topic created by KAFKA_CREATE_TOPIC; 1 to 10000.
     #[arg(id = "KAFKA_TOPIC_PARTITIONS", long = "kafka-topic-partitions", env = "KAFKA_TOPIC_PARTITIONS",
           default_value = text!(defaults::KAFKA_TOPIC_PARTITIONS),
-          value_parser = setting(parse::count::<i32, { parse::MAX_TOPIC_PARTITIONS }>))]
+          value_parser = parse::count_within::<i32>(&ranges::KAFKA_TOPIC_PARTITIONS))]
     pub kafka_topic_partitions: i32,
-    /// Replication factor of a topic created by KAFKA_CREATE_TOPIC.
+    /// Replication factor of a topic created by KAFKA_CREATE_TOPIC; 1 to 32.
     #[arg(id = "KAFKA_REPLICATION_FACTOR", long = "kafka-replication-factor", env = "KAFKA_REPLICATION_FACTOR",
           default_value = text!(defaults::KAFKA_REPLICATION_FACTOR),
-          value_parser = setting(parse::count::<i16, { parse::MAX_REPLICATION_FACTOR }>))]
+          value_parser = parse::count_within::<i16>(&ranges::KAFKA_REPLICATION_FACTOR))]
     pub kafka_replication_factor: i16,
     /// none, gzip or snappy (lz4/zstd with their opt-in features).
     #[arg(id = "KAFKA_COMPRESSION", long = "kafka-compression", env = "KAFKA_COMPRESSION",
@@ -310,6 +311,148 @@ pub struct KafkaTlsArgs {
         env = "KAFKA_SSL_KEY_LOCATION"
     )]
     pub kafka_ssl_key_location: Option<PathBuf>,
+}
+
+impl KafkaArgs {
+    /// Builds the Kafka group: the servers are required for the publisher,
+    /// and a SASL mechanism needs its username and password.
+    pub(super) fn settings(self) -> Result<KafkaSettings, ConfigError> {
+        kafka_settings(self)
+    }
+}
+
+fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
+    let protocol = security_protocol(&args)?;
+    let bootstrap_servers = args
+        .kafka_bootstrap_servers
+        .ok_or_else(|| {
+            ConfigError::new(
+                "KAFKA_BOOTSTRAP_SERVERS",
+                "is required for run (host:port,host:port)",
+            )
+        })?
+        .0;
+    let sasl = match args.kafka_sasl_mechanism {
+        None => None,
+        Some(mechanism) => Some(SaslSettings {
+            mechanism,
+            username: args.kafka_sasl_username.ok_or_else(|| {
+                ConfigError::new(
+                    "KAFKA_SASL_USERNAME",
+                    "is required with KAFKA_SASL_MECHANISM",
+                )
+            })?,
+            password: args
+                .kafka_sasl_password
+                .map(Secret::into_inner)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "KAFKA_SASL_PASSWORD",
+                        "is required with KAFKA_SASL_MECHANISM",
+                    )
+                })?,
+        }),
+    };
+    let tls = kafka_tls(&args.tls, protocol)?;
+    Ok(KafkaSettings {
+        bootstrap_servers,
+        client_id: args.kafka_client_id,
+        request_timeout: args.kafka_request_timeout,
+        create_topic: args.kafka_create_topic,
+        topic_partitions: args.kafka_topic_partitions,
+        replication_factor: args.kafka_replication_factor,
+        compression: args.kafka_compression,
+        sasl,
+        tls,
+    })
+}
+
+/// `KAFKA_SECURITY_PROTOCOL`, checked against `KAFKA_SASL_MECHANISM`.
+///
+/// Unset, it is `SASL_PLAINTEXT` when a SASL mechanism is given (as
+/// before the setting existed) and [`defaults::KAFKA_SECURITY_PROTOCOL`]
+/// otherwise. Set, it must agree with the mechanism: librdkafka silently
+/// ignores a mechanism under `PLAINTEXT` or `SSL`, which hides a
+/// misconfiguration, so here that is an error.
+fn security_protocol(args: &KafkaArgs) -> Result<SecurityProtocol, ConfigError> {
+    let mechanism = args.kafka_sasl_mechanism;
+    let Some(protocol) = args.kafka_security_protocol else {
+        return Ok(if mechanism.is_some() {
+            SecurityProtocol::SaslPlaintext
+        } else {
+            defaults::KAFKA_SECURITY_PROTOCOL
+        });
+    };
+    match (protocol.sasl(), mechanism) {
+        (true, None) => Err(ConfigError::new(
+            "KAFKA_SASL_MECHANISM",
+            format!("is required with KAFKA_SECURITY_PROTOCOL={protocol}"),
+        )),
+        (false, Some(_)) => Err(ConfigError::new(
+            "KAFKA_SASL_MECHANISM",
+            format!(
+                "is set, but KAFKA_SECURITY_PROTOCOL={protocol} uses no SASL \
+                 (use SASL_SSL or SASL_PLAINTEXT, or unset KAFKA_SASL_MECHANISM)"
+            ),
+        )),
+        _ => Ok(protocol),
+    }
+}
+
+/// The TLS settings of `SSL` and `SASL_SSL`. The files are checked at
+/// start by `outbox::kafka::tls_bridge::check` (and read again for every
+/// connection).
+fn kafka_tls(
+    args: &KafkaTlsArgs,
+    protocol: SecurityProtocol,
+) -> Result<Option<KafkaTls>, ConfigError> {
+    if !protocol.tls() {
+        let given = [
+            ("KAFKA_SSL_CA_LOCATION", &args.kafka_ssl_ca_location),
+            (
+                "KAFKA_SSL_CERTIFICATE_LOCATION",
+                &args.kafka_ssl_certificate_location,
+            ),
+            ("KAFKA_SSL_KEY_LOCATION", &args.kafka_ssl_key_location),
+        ];
+        if let Some((setting, _)) = given.iter().find(|(_, value)| value.is_some()) {
+            return Err(ConfigError::new(
+                *setting,
+                format!(
+                    "is set, but KAFKA_SECURITY_PROTOCOL={protocol} uses no TLS \
+                     (use SSL or SASL_SSL)"
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    let client = match (
+        &args.kafka_ssl_certificate_location,
+        &args.kafka_ssl_key_location,
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some(KafkaClientCert {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (Some(_), None) => {
+            return Err(ConfigError::new(
+                "KAFKA_SSL_KEY_LOCATION",
+                "is required with KAFKA_SSL_CERTIFICATE_LOCATION",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                "KAFKA_SSL_CERTIFICATE_LOCATION",
+                "is required with KAFKA_SSL_KEY_LOCATION",
+            ));
+        }
+    };
+    let tls = KafkaTls {
+        ca: args.kafka_ssl_ca_location.clone(),
+        client,
+    };
+    Ok(Some(tls))
 }
 
 #[cfg(test)]
@@ -478,7 +621,7 @@ mod tests {
         let error = run(&[&REQUIRED[..], &["--expiration-batch-size", "0"]].concat()).unwrap_err();
         assert_eq!(
             error,
-            ConfigError::new("EXPIRATION_BATCH_SIZE", "must be at least 1, got 0")
+            ConfigError::new("EXPIRATION_BATCH_SIZE", "must be from 1 to 100000, got 0")
         );
         let error = run(&["--database-url", "mysql://u:hunter2@h/db"]).unwrap_err();
         assert_eq!(error.setting, "DATABASE_URL");
@@ -596,6 +739,298 @@ mod tests {
     }
 
     #[test]
+    fn the_liveness_window_spans_a_tick() {
+        let with = |extra: &[&str]| run(&[&REQUIRED[..], extra].concat());
+        for (window, interval) in [("60s", "60s"), ("1s", "2s")] {
+            let error = with(&[
+                "--liveness-window",
+                window,
+                "--expiration-interval",
+                interval,
+            ])
+            .unwrap_err();
+            assert_eq!(error.setting, "LIVENESS_WINDOW");
+            assert!(error.problem.contains("EXPIRATION_INTERVAL"), "{error}");
+        }
+        assert!(
+            with(&[
+                "--liveness-window",
+                "1500ms",
+                "--expiration-interval",
+                "300ms"
+            ])
+            .is_ok()
+        );
+        assert!(
+            with(&[
+                "--liveness-window",
+                "1s",
+                "--expiration-interval",
+                "1h",
+                "--no-worker"
+            ])
+            .is_ok(),
+            "no worker, no cycles to wait for"
+        );
+    }
+
+    /// How a setting is written on the command line and named in errors:
+    /// its variable, or its flag for flags without one.
+    fn setting_key(arg: &clap::Arg) -> Option<String> {
+        match arg.get_env() {
+            Some(env) => env.to_str().map(str::to_owned),
+            None => arg.get_long().map(|long| format!("--{long}")),
+        }
+    }
+
+    /// Every argument of every command, with the command's path.
+    fn all_arguments() -> Vec<(Vec<String>, clap::Arg)> {
+        fn walk(
+            command: &clap::Command,
+            path: Vec<String>,
+            out: &mut Vec<(Vec<String>, clap::Arg)>,
+        ) {
+            for arg in command.get_arguments() {
+                out.push((path.clone(), arg.clone()));
+            }
+            for sub in command.get_subcommands() {
+                let mut path = path.clone();
+                path.push(sub.get_name().to_owned());
+                walk(sub, path, out);
+            }
+        }
+        let mut out = Vec::new();
+        walk(&Cli::command(), Vec::new(), &mut out);
+        out
+    }
+
+    /// Every argument whose value is a duration or a count has a range in
+    /// `ranges`, its `--help` shows it, and its default is inside it; every
+    /// range belongs to an argument.
+    #[test]
+    fn every_duration_and_count_setting_has_its_range_in_help() {
+        use std::any::TypeId;
+        let durations = [TypeId::of::<Duration>(), TypeId::of::<Option<Duration>>()];
+        let counts = [
+            TypeId::of::<u32>(),
+            TypeId::of::<u64>(),
+            TypeId::of::<i32>(),
+            TypeId::of::<i16>(),
+        ];
+        let mut seen = std::collections::BTreeSet::new();
+        for (path, arg) in all_arguments() {
+            let value = arg.get_value_parser().type_id();
+            let is_duration = durations.iter().any(|t| value == *t);
+            let is_count = counts.iter().any(|t| value == *t);
+            if !is_duration && !is_count {
+                continue;
+            }
+            let key = setting_key(&arg).expect("a flag or a variable");
+            let text = if is_duration {
+                ranges::DURATIONS
+                    .iter()
+                    .find(|r| r.setting == key)
+                    .map(|r| r.text())
+            } else {
+                ranges::COUNTS
+                    .iter()
+                    .find(|r| r.setting == key)
+                    .map(|r| r.text())
+            };
+            let Some(text) = text else {
+                panic!("{path:?} {key}: no range in config::ranges");
+            };
+            let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+            assert!(
+                help.contains(&text),
+                "{key}: --help {help:?} does not say {text:?}"
+            );
+            seen.insert(key);
+        }
+        let listed: std::collections::BTreeSet<String> = ranges::DURATIONS
+            .iter()
+            .map(|r| r.setting.to_owned())
+            .chain(ranges::COUNTS.iter().map(|r| r.setting.to_owned()))
+            .collect();
+        assert_eq!(seen, listed, "ranges without an argument, or the reverse");
+    }
+
+    /// docs/configuration.md gives every range: in the settings table (a
+    /// variable) and in the table of "Ranges" with its reason.
+    #[test]
+    fn the_configuration_page_gives_every_range() {
+        let page = include_str!("../../docs/configuration.md");
+        let durations = ranges::DURATIONS.iter().map(|r| (r.setting, r.text()));
+        let counts = ranges::COUNTS.iter().map(|r| (r.setting, r.text()));
+        for (setting, text) in durations.chain(counts) {
+            let name = format!("`{setting}`");
+            let rows: Vec<&str> = page
+                .lines()
+                .filter(|line| {
+                    line.starts_with('|')
+                        && line
+                            .split('|')
+                            .nth(1)
+                            .is_some_and(|cell| cell.contains(&name))
+                })
+                .collect();
+            let expected = if setting.starts_with("--") { 1 } else { 2 };
+            assert_eq!(rows.len(), expected, "{setting}: rows {rows:?}");
+            for row in rows {
+                assert!(
+                    row.contains(&text),
+                    "{setting}: {row:?} does not say {text:?}"
+                );
+            }
+        }
+    }
+
+    /// The command line that sets `setting` to `value`, and what the
+    /// command makes of it: settings validated as the binary would.
+    fn outcome_of(setting: &str, value: &str) -> Result<(), ConfigError> {
+        let flag = if setting.starts_with("--") {
+            setting.to_owned()
+        } else {
+            format!("--{}", setting.to_lowercase().replace('_', "-"))
+        };
+        let command: Vec<&str> = match setting {
+            "--spread" | "--active" | "--inactive" | "--poison" => vec!["seed"],
+            "--batch-size" => vec![
+                "republish",
+                "--tenant",
+                "00000000-0000-0000-0000-000000000001",
+            ],
+            _ => {
+                let mut run = vec!["run"];
+                run.extend_from_slice(&REQUIRED);
+                run
+            }
+        };
+        let mut args = command;
+        // `--flag=value`: a value such as "-1s" is the flag's value, not a flag.
+        let pair = format!("{flag}={value}");
+        args.push(&pair);
+        match parse(&args) {
+            Ok(Command::Run(run)) => {
+                let settings = Settings::from_args(run)?;
+                // What start computes from them must not panic either.
+                let _ = settings.stop_grace();
+                let idle = settings.database.idle_in_transaction_timeout();
+                assert!(
+                    idle <= ranges::POSTGRES_MAX_TIMEOUT,
+                    "{setting}={value}: {idle:?}"
+                );
+                Ok(())
+            }
+            Ok(_) => Ok(()),
+            Err(error) => Err(ConfigError::from_clap(&error)
+                .unwrap_or_else(|| panic!("{setting}={value}: not a setting error: {error}"))),
+        }
+    }
+
+    /// What a value outside a setting's range, or no value of its kind,
+    /// must give: the setting named, with its range.
+    fn assert_refused_with_range(setting: &str, value: &str, range: &str) {
+        match outcome_of(setting, value) {
+            Ok(()) => panic!("{setting}={value:?} accepted, outside {range}"),
+            Err(error) => {
+                assert_eq!(error.setting, setting, "{setting}={value:?}: {error}");
+                assert!(
+                    error.problem.contains(range),
+                    "{setting}={value:?}: {error}"
+                );
+            }
+        }
+    }
+
+    /// A value inside a setting's range starts, or meets a rule that spans
+    /// settings (named, with the other setting): never a range error.
+    fn assert_starts(setting: &str, value: &str, range: &str) {
+        if let Err(error) = outcome_of(setting, value) {
+            let rules = ["KAFKA_REQUEST_TIMEOUT", "LIVENESS_WINDOW"];
+            assert!(
+                rules.contains(&error.setting.as_str()) && !error.problem.contains(range),
+                "{setting}={value:?} is inside {range} but: {error}"
+            );
+        }
+    }
+
+    fn duration_text(duration: Duration) -> String {
+        format!("{}ns", duration.as_nanos())
+    }
+
+    /// Every duration and count setting at its extremes: 0, 1, min-1,
+    /// min, max-1, max, max+1, u64::MAX-ish, negative and garbage. Each is
+    /// an exit-2 error naming the setting and its range, or settings that
+    /// start; never a panic.
+    #[test]
+    fn every_setting_at_its_extremes_starts_or_names_its_range() {
+        let unit = Duration::from_millis(1);
+        for range in ranges::DURATIONS {
+            let text = range.text();
+            let inside = [range.min, range.min + unit, range.max - unit, range.max];
+            for value in inside {
+                assert_starts(range.setting, &duration_text(value), &text);
+            }
+            let mut outside = vec![
+                range.max + unit,
+                Duration::from_secs(10_000_000 * 86_400),
+                Duration::from_secs(u64::MAX),
+            ];
+            if !range.min.is_zero() {
+                outside.extend([Duration::ZERO, range.min - unit]);
+            }
+            for value in outside {
+                assert_refused_with_range(range.setting, &duration_text(value), &text);
+            }
+            for value in [
+                "10000000d",
+                "18446744073709551615s",
+                "18446744073709551616s",
+                "-1s",
+                "-5",
+                "1",
+                "soon",
+                "",
+                "1.5.2s",
+                "NaN",
+            ] {
+                assert_refused_with_range(range.setting, value, &text);
+            }
+        }
+        assert!(outcome_of("EXPIRATION_MAX_CLOCK_SKEW", "off").is_ok());
+        for range in ranges::COUNTS {
+            let text = range.text();
+            for value in [range.min, range.min + 1, range.max - 1, range.max] {
+                assert_starts(range.setting, &value.to_string(), &text);
+            }
+            let mut outside = vec![
+                i128::from(range.max) + 1,
+                i128::from(u64::MAX),
+                i128::from(u64::MAX) + 1,
+                -1,
+                i128::MIN,
+            ];
+            if range.min > 0 {
+                outside.extend([0, i128::from(range.min) - 1]);
+            }
+            for value in outside {
+                assert_refused_with_range(range.setting, &value.to_string(), &text);
+            }
+            for value in [
+                "abc",
+                "",
+                "1.5",
+                "1e3",
+                "0x10",
+                "999999999999999999999999999999999999999999",
+            ] {
+                assert_refused_with_range(range.setting, value, &text);
+            }
+        }
+    }
+
+    #[test]
     fn kafka_security_protocol_agrees_with_sasl_and_tls_settings() {
         use crate::config::SecurityProtocol::*;
         let with = |extra: &[&str]| run(&[&REQUIRED[..], extra].concat());
@@ -636,24 +1071,66 @@ mod tests {
         assert_eq!(error.setting, "KAFKA_SSL_CERTIFICATE_LOCATION");
         let settings = with(&tls).unwrap().kafka.unwrap();
         assert_eq!(settings.tls.unwrap().ca, None, "the bundled roots");
-        if crate::tls::cpu_supported() {
-            // The files are read by the start-up check that follows parsing.
-            let settings = with(
-                &[
-                    &tls[..],
-                    &["--kafka-ssl-ca-location", "/nonexistent/ca.pem"],
-                ]
-                .concat(),
-            )
-            .unwrap();
-            let error = (crate::app::STARTUP_CHECKS.kafka)(&settings.kafka.unwrap()).unwrap_err();
-            assert_eq!(error.setting, "KAFKA_SSL_CA_LOCATION");
-            assert!(error.problem.contains("cannot read"), "{error}");
-        }
+        // Parsing takes the path as it is; the start-up check that follows
+        // reads the file (`app`'s tests).
+        let settings = with(
+            &[
+                &tls[..],
+                &["--kafka-ssl-ca-location", "/nonexistent/ca.pem"],
+            ]
+            .concat(),
+        )
+        .unwrap()
+        .kafka
+        .unwrap();
+        assert_eq!(
+            settings.tls.unwrap().ca,
+            Some(PathBuf::from("/nonexistent/ca.pem"))
+        );
     }
 
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(500))]
+
+        /// Any text for any duration or count setting: a value inside the
+        /// range starts (or meets a rule that spans settings), anything
+        /// else names the setting and its range; nothing panics.
+        #[test]
+        fn any_value_of_any_setting_starts_or_names_its_range(
+            index in 0..ranges::DURATIONS.len() + ranges::COUNTS.len(),
+            number in proptest::prop_oneof![
+                0u64..2_000,
+                0u64..100_000_000,
+                proptest::num::u64::ANY,
+            ],
+            unit in proptest::sample::select(vec!["", "ns", "ms", "s", "m", "h", "d", "w", "y"]),
+            garbage in "[ -~]{0,12}",
+            form in 0..4u8,
+        ) {
+            let text = match form {
+                0 => format!("{number}{unit}"),
+                1 => format!("-{number}{unit}"),
+                2 => garbage.clone(),
+                _ => format!("{number}"),
+            };
+            if let Some(range) = ranges::DURATIONS.get(index) {
+                let parsed = humantime::parse_duration(text.trim()).ok();
+                let is_off = range.setting == "EXPIRATION_MAX_CLOCK_SKEW" && text.trim() == "off";
+                match parsed {
+                    Some(value) if range.contains(value) => assert_starts(range.setting, &text, &range.text()),
+                    _ if is_off => proptest::prop_assert!(outcome_of(range.setting, &text).is_ok()),
+                    _ => assert_refused_with_range(range.setting, &text, &range.text()),
+                }
+            } else {
+                let range = ranges::COUNTS[index - ranges::DURATIONS.len()];
+                // As the parser reads it: "-0" and "+5" are numbers too.
+                let value = text.trim().parse::<i128>().ok().and_then(|v| u64::try_from(v).ok());
+                match value {
+                    Some(value) if range.contains(value) => assert_starts(range.setting, &text, &range.text()),
+                    _ => assert_refused_with_range(range.setting, &text, &range.text()),
+                }
+            }
+        }
 
         /// `Debug` of the parsed command line and of the settings (what a
         /// panic message or a `{:?}` in a log would print), and every

@@ -8,33 +8,34 @@ use clap::Args;
 use super::{
     defaults::{self, text},
     parse::{self, setting},
+    ranges,
 };
 
 /// The expiry worker's sweep.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct ExpirySettings {
-    /// Cycle period (humantime: 500ms, 1s, 60s).
+    /// Cycle period (humantime: 500ms, 1s, 60s); 100ms to 1h.
     #[arg(id = "EXPIRATION_INTERVAL", long = "expiration-interval", env = "EXPIRATION_INTERVAL",
-          default_value = text!(defaults::EXPIRATION_INTERVAL), value_parser = setting(parse::positive_duration))]
+          default_value = text!(defaults::EXPIRATION_INTERVAL), value_parser = parse::within(&ranges::EXPIRATION_INTERVAL))]
     pub interval: Duration,
-    /// Rows per phase per transaction.
+    /// Rows per phase per transaction; 1 to 100000.
     #[arg(id = "EXPIRATION_BATCH_SIZE", long = "expiration-batch-size", env = "EXPIRATION_BATCH_SIZE",
           default_value = text!(defaults::EXPIRATION_BATCH_SIZE),
-          value_parser = setting(parse::count::<u32, { parse::MAX_EXPIRATION_BATCH_SIZE }>))]
+          value_parser = parse::count_within::<u32>(&ranges::EXPIRATION_BATCH_SIZE))]
     pub batch_size: u32,
-    /// Batches per phase per cycle while batches come back full (1 = one batch per cycle).
+    /// Batches per phase per cycle while batches come back full (1 = one batch per cycle); 1 to 1000000.
     #[arg(id = "EXPIRATION_MAX_BATCHES_PER_CYCLE", long = "expiration-max-batches-per-cycle",
           env = "EXPIRATION_MAX_BATCHES_PER_CYCLE", default_value = text!(defaults::EXPIRATION_MAX_BATCHES_PER_CYCLE),
-          value_parser = setting(parse::count::<u32, { parse::MAX_BATCHES_PER_CYCLE }>))]
+          value_parser = parse::count_within::<u32>(&ranges::EXPIRATION_MAX_BATCHES_PER_CYCLE))]
     pub max_batches_per_cycle: u32,
-    /// No new batch starts after a cycle ran this long.
+    /// No new batch starts after a cycle ran this long (the first batch of each phase always runs); 100ms to 1h.
     #[arg(id = "EXPIRATION_CYCLE_BUDGET", long = "expiration-cycle-budget", env = "EXPIRATION_CYCLE_BUDGET",
-          default_value = text!(defaults::EXPIRATION_CYCLE_BUDGET), value_parser = setting(parse::positive_duration))]
+          default_value = text!(defaults::EXPIRATION_CYCLE_BUDGET), value_parser = parse::within(&ranges::EXPIRATION_CYCLE_BUDGET))]
     pub cycle_budget: Duration,
-    /// as_of never runs ahead of the database clock by more than this ("off" disables the check).
+    /// as_of never runs ahead of the database clock by more than this ("off" disables the check); 0s to 1h, or off.
     // `std::option::Option`: one value that may say "none", not an optional flag.
     #[arg(id = "EXPIRATION_MAX_CLOCK_SKEW", long = "expiration-max-clock-skew", env = "EXPIRATION_MAX_CLOCK_SKEW",
-          default_value = text!(defaults::EXPIRATION_MAX_CLOCK_SKEW), value_parser = setting(parse::clock_skew))]
+          default_value = text!(defaults::EXPIRATION_MAX_CLOCK_SKEW), value_parser = parse::within_or_off(&ranges::EXPIRATION_MAX_CLOCK_SKEW))]
     pub max_clock_skew: std::option::Option<Duration>,
     /// Also wake just after the next known deadline, not only on the
     /// interval ("false": the fixed schedule alone).
@@ -43,9 +44,9 @@ pub struct ExpirySettings {
           action = clap::ArgAction::Set)]
     pub deadline_wake: bool,
     /// No cycle starts sooner than this after the previous one ended, so
-    /// deadlines close together share one cycle.
+    /// deadlines close together share one cycle; 50ms to 60s.
     #[arg(id = "EXPIRATION_MIN_GAP", long = "expiration-min-gap", env = "EXPIRATION_MIN_GAP",
-          default_value = text!(defaults::EXPIRATION_MIN_GAP), value_parser = setting(parse::duration))]
+          default_value = text!(defaults::EXPIRATION_MIN_GAP), value_parser = parse::within(&ranges::EXPIRATION_MIN_GAP))]
     pub min_gap: Duration,
 }
 
@@ -88,9 +89,9 @@ impl Default for EventSettings {
 /// How long work in flight may take once a stop was requested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Args)]
 pub struct ShutdownSettings {
-    /// On shutdown, how long an in-flight batch may take before it is rolled back.
+    /// On shutdown, how long an in-flight batch may take before it is rolled back; 0s to 10m.
     #[arg(id = "SHUTDOWN_GRACE", long = "shutdown-grace", env = "SHUTDOWN_GRACE",
-          default_value = text!(defaults::SHUTDOWN_GRACE), value_parser = setting(parse::duration))]
+          default_value = text!(defaults::SHUTDOWN_GRACE), value_parser = parse::within(&ranges::SHUTDOWN_GRACE))]
     pub grace: Duration,
 }
 

@@ -7,6 +7,7 @@ use clap::Args;
 use super::{
     defaults::{self, text},
     parse::{self, setting},
+    ranges,
 };
 
 /// The HTTP endpoints.
@@ -16,9 +17,9 @@ pub struct HttpSettings {
     #[arg(id = "METRICS_ADDR", long = "metrics-addr", env = "METRICS_ADDR",
           default_value = text!(defaults::METRICS_ADDR), value_parser = setting(parse::socket_addr))]
     pub metrics_addr: SocketAddr,
-    /// /healthz fails when no cycle succeeded for this long.
+    /// /healthz fails when no cycle succeeded for this long (run: longer than EXPIRATION_INTERVAL); 1s to 24h.
     #[arg(id = "LIVENESS_WINDOW", long = "liveness-window", env = "LIVENESS_WINDOW",
-          default_value = text!(defaults::LIVENESS_WINDOW), value_parser = setting(parse::duration))]
+          default_value = text!(defaults::LIVENESS_WINDOW), value_parser = parse::within(&ranges::LIVENESS_WINDOW))]
     pub liveness_window: Duration,
 }
 

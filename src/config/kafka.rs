@@ -1,9 +1,10 @@
 //! `KAFKA_*`: the publisher's connection to the brokers, its security
-//! protocol, SASL and TLS, checked against each other.
+//! protocol, SASL and TLS. The flags are made into these settings, and
+//! checked against each other, by `cli` ([`super::KafkaArgs`]).
 
 use std::{fmt, path::PathBuf, time::Duration};
 
-use super::{ConfigError, KafkaArgs, KafkaTlsArgs, defaults, secret};
+use super::defaults;
 
 /// SASL mechanism and credentials.
 #[derive(Clone, PartialEq, Eq)]
@@ -148,140 +149,4 @@ pub struct KafkaClientCert {
     pub cert: PathBuf,
     /// Its unencrypted private key (PKCS#8, RSA or SEC1).
     pub key: PathBuf,
-}
-
-/// Builds the Kafka group: the servers are required for the publisher,
-/// and a SASL mechanism needs its username and password.
-pub(super) fn kafka_settings(args: KafkaArgs) -> Result<KafkaSettings, ConfigError> {
-    let protocol = security_protocol(&args)?;
-    let bootstrap_servers = args
-        .kafka_bootstrap_servers
-        .ok_or_else(|| {
-            ConfigError::new(
-                "KAFKA_BOOTSTRAP_SERVERS",
-                "is required for run (host:port,host:port)",
-            )
-        })?
-        .0;
-    let sasl = match args.kafka_sasl_mechanism {
-        None => None,
-        Some(mechanism) => Some(SaslSettings {
-            mechanism,
-            username: args.kafka_sasl_username.ok_or_else(|| {
-                ConfigError::new(
-                    "KAFKA_SASL_USERNAME",
-                    "is required with KAFKA_SASL_MECHANISM",
-                )
-            })?,
-            password: args
-                .kafka_sasl_password
-                .map(secret::Secret::into_inner)
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "KAFKA_SASL_PASSWORD",
-                        "is required with KAFKA_SASL_MECHANISM",
-                    )
-                })?,
-        }),
-    };
-    let tls = kafka_tls(&args.tls, protocol)?;
-    Ok(KafkaSettings {
-        bootstrap_servers,
-        client_id: args.kafka_client_id,
-        request_timeout: args.kafka_request_timeout,
-        create_topic: args.kafka_create_topic,
-        topic_partitions: args.kafka_topic_partitions,
-        replication_factor: args.kafka_replication_factor,
-        compression: args.kafka_compression,
-        sasl,
-        tls,
-    })
-}
-
-/// `KAFKA_SECURITY_PROTOCOL`, checked against `KAFKA_SASL_MECHANISM`.
-///
-/// Unset, it is `SASL_PLAINTEXT` when a SASL mechanism is given (as
-/// before the setting existed) and [`defaults::KAFKA_SECURITY_PROTOCOL`]
-/// otherwise. Set, it must agree with the mechanism: librdkafka silently
-/// ignores a mechanism under `PLAINTEXT` or `SSL`, which hides a
-/// misconfiguration, so here that is an error.
-fn security_protocol(args: &KafkaArgs) -> Result<SecurityProtocol, ConfigError> {
-    let mechanism = args.kafka_sasl_mechanism;
-    let Some(protocol) = args.kafka_security_protocol else {
-        return Ok(if mechanism.is_some() {
-            SecurityProtocol::SaslPlaintext
-        } else {
-            defaults::KAFKA_SECURITY_PROTOCOL
-        });
-    };
-    match (protocol.sasl(), mechanism) {
-        (true, None) => Err(ConfigError::new(
-            "KAFKA_SASL_MECHANISM",
-            format!("is required with KAFKA_SECURITY_PROTOCOL={protocol}"),
-        )),
-        (false, Some(_)) => Err(ConfigError::new(
-            "KAFKA_SASL_MECHANISM",
-            format!(
-                "is set, but KAFKA_SECURITY_PROTOCOL={protocol} uses no SASL \
-                 (use SASL_SSL or SASL_PLAINTEXT, or unset KAFKA_SASL_MECHANISM)"
-            ),
-        )),
-        _ => Ok(protocol),
-    }
-}
-
-/// The TLS settings of `SSL` and `SASL_SSL`. The files are checked at
-/// start by `outbox::kafka::tls_bridge::check` (and read again for every
-/// connection).
-fn kafka_tls(
-    args: &KafkaTlsArgs,
-    protocol: SecurityProtocol,
-) -> Result<Option<KafkaTls>, ConfigError> {
-    if !protocol.tls() {
-        let given = [
-            ("KAFKA_SSL_CA_LOCATION", &args.kafka_ssl_ca_location),
-            (
-                "KAFKA_SSL_CERTIFICATE_LOCATION",
-                &args.kafka_ssl_certificate_location,
-            ),
-            ("KAFKA_SSL_KEY_LOCATION", &args.kafka_ssl_key_location),
-        ];
-        if let Some((setting, _)) = given.iter().find(|(_, value)| value.is_some()) {
-            return Err(ConfigError::new(
-                *setting,
-                format!(
-                    "is set, but KAFKA_SECURITY_PROTOCOL={protocol} uses no TLS \
-                     (use SSL or SASL_SSL)"
-                ),
-            ));
-        }
-        return Ok(None);
-    }
-    let client = match (
-        &args.kafka_ssl_certificate_location,
-        &args.kafka_ssl_key_location,
-    ) {
-        (None, None) => None,
-        (Some(cert), Some(key)) => Some(KafkaClientCert {
-            cert: cert.clone(),
-            key: key.clone(),
-        }),
-        (Some(_), None) => {
-            return Err(ConfigError::new(
-                "KAFKA_SSL_KEY_LOCATION",
-                "is required with KAFKA_SSL_CERTIFICATE_LOCATION",
-            ));
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::new(
-                "KAFKA_SSL_CERTIFICATE_LOCATION",
-                "is required with KAFKA_SSL_KEY_LOCATION",
-            ));
-        }
-    };
-    let tls = KafkaTls {
-        ca: args.kafka_ssl_ca_location.clone(),
-        client,
-    };
-    Ok(Some(tls))
 }

@@ -1,39 +1,45 @@
 //! Value parsers: each turns the text of one setting into its type or says
 //! what is wrong with it (never echoing a secret). [`setting`] makes one a
-//! clap value parser whose error is a [`ConfigError`] naming the setting.
+//! clap value parser whose error is a [`ConfigError`] naming the setting;
+//! [`within`], [`within_or_off`] and [`count_within`] make one that also
+//! keeps the value in its range ([`super::ranges`]) and names the range
+//! in every refusal.
 
-use std::{ffi::OsStr, fmt, net::SocketAddr, time::Duration};
+use std::{ffi::OsStr, fmt, net::SocketAddr, sync::Arc, time::Duration};
 
 use clap::{Arg, builder::TypedValueParser};
 
-use super::{Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism, SecurityProtocol};
+use super::{
+    Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism, SecurityProtocol, ranges::Range,
+};
 
 /// What is wrong with a value, without the setting's name.
 pub type Problem = String;
 
-/// Upper bounds of the counts (the lower bound is 1).
-pub const MAX_POOL_SIZE: u64 = 1000;
-pub const MAX_EXPIRATION_BATCH_SIZE: u64 = 100_000;
-pub const MAX_BATCHES_PER_CYCLE: u64 = 1_000_000;
-pub const MAX_OUTBOX_BATCH_SIZE: u64 = 10_000;
-pub const MAX_OUTBOX_CONCURRENCY: u64 = 16;
-pub const MAX_TOPIC_PARTITIONS: u64 = 10_000;
-pub const MAX_REPLICATION_FACTOR: u64 = 32;
+/// A clap value parser for one setting: a parse function, with its problem
+/// turned into a [`ConfigError`] naming the setting's environment variable
+/// (or its flag, for flags without one). `main` prints that error as the
+/// one line of an exit 2; see [`ConfigError::from_clap`].
+pub struct Setting<T>(Arc<Parse<T>>);
 
-/// A clap value parser for one setting: `parse`, with its problem turned
-/// into a [`ConfigError`] naming the setting's environment variable (or
-/// its flag, for flags without one). `main` prints that error as the one
-/// line of an exit 2; see [`ConfigError::from_clap`].
-pub struct Setting<T>(fn(&str) -> Result<T, Problem>);
+/// A parse function, with what it captured (a range, say).
+type Parse<T> = dyn Fn(&str) -> Result<T, Problem> + Send + Sync;
 
 /// See [`Setting`].
-pub fn setting<T>(parse: fn(&str) -> Result<T, Problem>) -> Setting<T> {
-    Setting(parse)
+pub fn setting<T: 'static>(parse: fn(&str) -> Result<T, Problem>) -> Setting<T> {
+    Setting(Arc::new(parse))
+}
+
+impl<T> Setting<T> {
+    /// The value of `raw`, or its problem (without the setting's name).
+    pub fn parse_text(&self, raw: &str) -> Result<T, Problem> {
+        (self.0)(raw)
+    }
 }
 
 impl<T> Clone for Setting<T> {
     fn clone(&self) -> Self {
-        Self(self.0)
+        Self(Arc::clone(&self.0))
     }
 }
 
@@ -52,12 +58,63 @@ impl<T: Clone + Send + Sync + 'static> TypedValueParser for Setting<T> {
         arg: Option<&Arg>,
         value: &OsStr,
     ) -> Result<T, clap::Error> {
-        let (parse, name) = (self.0, setting_name(arg));
+        let (parse, name) = (Arc::clone(&self.0), setting_name(arg));
         // clap keeps the closure's error as the source of its own error.
         let named =
             move |raw: &str| parse(raw).map_err(|problem| ConfigError::new(name.clone(), problem));
         named.parse_ref(cmd, arg, value)
     }
+}
+
+/// A duration in `range`. Anything else, unreadable text included, is
+/// refused with the range.
+pub fn within(range: &'static Range<Duration>) -> Setting<Duration> {
+    Setting(Arc::new(move |raw: &str| {
+        let value = duration(raw).map_err(|_| {
+            format!(
+                "must be a duration from {} (like 500ms, 1s or 60s), got {raw:?}",
+                range.text()
+            )
+        })?;
+        range.check(value)
+    }))
+}
+
+/// A duration in `range`, or `off` for none.
+pub fn within_or_off(range: &'static Range<Duration>) -> Setting<Option<Duration>> {
+    Setting(Arc::new(move |raw: &str| {
+        if raw.trim() == "off" {
+            return Ok(None);
+        }
+        let value = duration(raw).map_err(|_| {
+            format!(
+                "must be off or a duration from {} (like 500ms, 1s or 60s), got {raw:?}",
+                range.text()
+            )
+        })?;
+        range
+            .check(value)
+            .map(Some)
+            .map_err(|problem| format!("{problem} (or off)"))
+    }))
+}
+
+/// A whole number in `range`, as `T` (which must hold every number of the
+/// range: the settings' tests parse each range's bounds).
+pub fn count_within<T>(range: &'static Range<u64>) -> Setting<T>
+where
+    T: TryFrom<u64> + Clone + Send + Sync + 'static,
+{
+    Setting(Arc::new(move |raw: &str| {
+        let value: i128 = raw
+            .trim()
+            .parse()
+            .map_err(|_| format!("must be a whole number from {}, got {raw:?}", range.text()))?;
+        let out_of_range = || format!("must be from {}, got {value}", range.text());
+        let value = u64::try_from(value).map_err(|_| out_of_range())?;
+        let value = range.check(value)?;
+        T::try_from(value).map_err(|_| out_of_range())
+    }))
 }
 
 /// A setting's id is its variable name (see the module docs of
@@ -76,19 +133,9 @@ fn setting_name(arg: Option<&Arg>) -> String {
     }
 }
 
-/// A humantime duration (`500ms`, `1s`, `60s`, `2m`); zero allowed.
-pub fn duration(raw: &str) -> Result<Duration, Problem> {
+/// A humantime duration (`500ms`, `1s`, `60s`, `2m`), for [`within`].
+fn duration(raw: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(raw.trim())
-        .map_err(|e| format!("{raw:?} is not a duration like 500ms, 1s or 60s ({e})"))
-}
-
-/// A duration greater than zero.
-pub fn positive_duration(raw: &str) -> Result<Duration, Problem> {
-    let duration = duration(raw)?;
-    if duration.is_zero() {
-        return Err("must be greater than zero".to_owned());
-    }
-    Ok(duration)
 }
 
 /// An on/off setting: `true`/`false` (also `on`/`off`, `yes`/`no`, `1`/`0`).
@@ -98,39 +145,6 @@ pub fn switch(raw: &str) -> Result<bool, Problem> {
         "false" | "off" | "no" | "0" => Ok(false),
         _ => Err(format!("{raw:?} is not true or false")),
     }
-}
-
-/// A duration, or `off` for none.
-pub fn clock_skew(raw: &str) -> Result<Option<Duration>, Problem> {
-    match raw.trim() {
-        "off" => Ok(None),
-        raw => duration(raw).map(Some),
-    }
-}
-
-/// A whole number from 1 to `MAX`, as `T` (which holds every such number).
-pub fn count<T: TryFrom<u64>, const MAX: u64>(raw: &str) -> Result<T, Problem> {
-    let value: i128 = raw
-        .trim()
-        .parse()
-        .map_err(|_| format!("{raw:?} is not a whole number"))?;
-    if value < 1 {
-        return Err(format!("must be at least 1, got {value}"));
-    }
-    if value > i128::from(MAX) {
-        return Err(format!("must be at most {MAX}, got {value}"));
-    }
-    u64::try_from(value)
-        .ok()
-        .and_then(|value| T::try_from(value).ok())
-        .ok_or_else(|| format!("must be at most {MAX}, got {value}"))
-}
-
-/// A whole number, zero included.
-pub fn whole_number(raw: &str) -> Result<u64, Problem> {
-    raw.trim()
-        .parse()
-        .map_err(|_| format!("{raw:?} is not a whole number >= 0"))
 }
 
 /// An RFC 3339 instant (`2026-12-01T00:00:00Z`).
@@ -260,39 +274,85 @@ pub fn security_protocol(raw: &str) -> Result<Option<SecurityProtocol>, Problem>
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{super::ranges, *};
 
     #[test]
-    fn counts_keep_their_bounds() {
-        assert_eq!(count::<u32, 1000>("200"), Ok(200));
-        assert_eq!(count::<u32, 1000>(" 1000 "), Ok(1000));
+    fn counts_keep_their_range() {
+        let batch = count_within::<u32>(&ranges::EXPIRATION_BATCH_SIZE);
+        assert_eq!(batch.parse_text("200"), Ok(200));
+        assert_eq!(batch.parse_text(" 100000 "), Ok(100_000));
         for (bad, problem) in [
-            ("0", "must be at least 1, got 0"),
-            ("-5", "must be at least 1, got -5"),
-            ("abc", "\"abc\" is not a whole number"),
-            ("", "\"\" is not a whole number"),
-            ("1.5", "\"1.5\" is not a whole number"),
-            ("100000000000", "must be at most 1000, got 100000000000"),
+            ("0", "must be from 1 to 100000, got 0"),
+            ("-5", "must be from 1 to 100000, got -5"),
+            ("100001", "must be from 1 to 100000, got 100001"),
+            (
+                "100000000000000000000000000",
+                "must be from 1 to 100000, got 100000000000000000000000000",
+            ),
+            (
+                "abc",
+                "must be a whole number from 1 to 100000, got \"abc\"",
+            ),
+            ("", "must be a whole number from 1 to 100000, got \"\""),
+            (
+                "1.5",
+                "must be a whole number from 1 to 100000, got \"1.5\"",
+            ),
         ] {
-            assert_eq!(count::<u32, 1000>(bad), Err(problem.to_owned()), "{bad}");
+            assert_eq!(batch.parse_text(bad), Err(problem.to_owned()), "{bad}");
         }
-        assert_eq!(count::<i16, 32>("32"), Ok(32_i16));
+        let replicas = count_within::<i16>(&ranges::KAFKA_REPLICATION_FACTOR);
+        assert_eq!(replicas.parse_text("32"), Ok(32_i16));
+        let seed = count_within::<u64>(&ranges::SEED_POISON);
+        assert_eq!(seed.parse_text("0"), Ok(0));
     }
 
     #[test]
-    fn durations_and_the_rest() {
-        assert_eq!(duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(duration("60s"), Ok(Duration::from_secs(60)));
-        assert_eq!(duration("0s"), Ok(Duration::ZERO));
-        assert!(duration("soon").is_err());
+    fn durations_keep_their_range() {
+        let gap = within(&ranges::EXPIRATION_MIN_GAP);
+        assert_eq!(gap.parse_text("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(gap.parse_text(" 1m "), Ok(Duration::from_secs(60)));
+        for (bad, problem) in [
+            ("0", "must be from 50ms to 60s, got 0s"),
+            ("49ms", "must be from 50ms to 60s, got 49ms"),
+            ("10000000d", "must be from 50ms to 60s, got 10000000d"),
+            (
+                "soon",
+                "must be a duration from 50ms to 60s (like 500ms, 1s or 60s), got \"soon\"",
+            ),
+            (
+                "-1s",
+                "must be a duration from 50ms to 60s (like 500ms, 1s or 60s), got \"-1s\"",
+            ),
+            (
+                "18446744073709551616s",
+                "must be a duration from 50ms to 60s (like 500ms, 1s or 60s), \
+                 got \"18446744073709551616s\"",
+            ),
+        ] {
+            assert_eq!(gap.parse_text(bad), Err(problem.to_owned()), "{bad}");
+        }
+        let skew = within_or_off(&ranges::EXPIRATION_MAX_CLOCK_SKEW);
+        assert_eq!(skew.parse_text(" off "), Ok(None));
+        assert_eq!(skew.parse_text("2s"), Ok(Some(Duration::from_secs(2))));
+        assert_eq!(skew.parse_text("0s"), Ok(Some(Duration::ZERO)));
         assert_eq!(
-            positive_duration("0s"),
-            Err("must be greater than zero".into())
+            skew.parse_text("10000000d"),
+            Err("must be from 0s to 1h, got 10000000d (or off)".to_owned())
         );
-        assert_eq!(clock_skew(" off "), Ok(None));
-        assert_eq!(clock_skew("2s"), Ok(Some(Duration::from_secs(2))));
-        assert_eq!(whole_number("0"), Ok(0));
-        assert!(whole_number("-1").is_err());
+        assert_eq!(
+            skew.parse_text("never"),
+            Err(
+                "must be off or a duration from 0s to 1h (like 500ms, 1s or 60s), got \"never\""
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn the_rest() {
+        assert_eq!(switch("on"), Ok(true));
+        assert!(switch("maybe").is_err());
         assert_eq!(fraction("1"), Ok(1.0));
         assert!(fraction("1.5").is_err());
         assert_eq!(topic("  "), Err("is empty".into()));

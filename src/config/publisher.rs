@@ -6,30 +6,30 @@ use clap::Args;
 
 use super::{
     defaults::{self, text},
-    parse::{self, setting},
+    parse, ranges,
 };
 
 /// The outbox publisher's claim, wake-up and retention.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct PublisherSettings {
-    /// Outbox rows claimed per transaction.
+    /// Outbox rows claimed per transaction; 1 to 10000.
     #[arg(id = "OUTBOX_BATCH_SIZE", long = "outbox-batch-size", env = "OUTBOX_BATCH_SIZE",
           default_value = text!(defaults::OUTBOX_BATCH_SIZE),
-          value_parser = setting(parse::count::<u32, { parse::MAX_OUTBOX_BATCH_SIZE }>))]
+          value_parser = parse::count_within::<u32>(&ranges::OUTBOX_BATCH_SIZE))]
     pub batch_size: u32,
-    /// Polling period when no commit notification arrives.
+    /// Polling period when no commit notification arrives; 10ms to 10m.
     #[arg(id = "OUTBOX_POLL_INTERVAL", long = "outbox-poll-interval", env = "OUTBOX_POLL_INTERVAL",
-          default_value = text!(defaults::OUTBOX_POLL_INTERVAL), value_parser = setting(parse::positive_duration))]
+          default_value = text!(defaults::OUTBOX_POLL_INTERVAL), value_parser = parse::within(&ranges::OUTBOX_POLL_INTERVAL))]
     pub poll_interval: Duration,
-    /// How long published rows are kept (0s = delete right after publishing).
+    /// How long published rows are kept (0s = delete right after publishing); 0s to 365d.
     #[arg(id = "OUTBOX_RETENTION", long = "outbox-retention", env = "OUTBOX_RETENTION",
-          default_value = text!(defaults::OUTBOX_RETENTION), value_parser = setting(parse::duration))]
+          default_value = text!(defaults::OUTBOX_RETENTION), value_parser = parse::within(&ranges::OUTBOX_RETENTION))]
     pub retention: Duration,
     /// Batches in flight at once while a backlog drains (each its own
-    /// transaction and pooled connection; SKIP LOCKED keeps them disjoint).
+    /// transaction and pooled connection; SKIP LOCKED keeps them disjoint); 1 to 16.
     #[arg(id = "OUTBOX_CONCURRENCY", long = "outbox-concurrency", env = "OUTBOX_CONCURRENCY",
           default_value = text!(defaults::OUTBOX_CONCURRENCY),
-          value_parser = setting(parse::count::<u32, { parse::MAX_OUTBOX_CONCURRENCY }>))]
+          value_parser = parse::count_within::<u32>(&ranges::OUTBOX_CONCURRENCY))]
     pub concurrency: u32,
 }
 

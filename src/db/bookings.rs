@@ -98,6 +98,7 @@ struct PhaseSql {
     due_predicate: String,
     partial_index: String,
     lock_due: String,
+    count_due: String,
     count_due_excluding: String,
     oldest_due_deadline: String,
     due_poison_rows: String,
@@ -116,14 +117,24 @@ impl PhaseSql {
             }
         };
         let due_predicate = format!("{index_predicate} AND {deadline} < $1");
+        // Rows after a position of the sweep (`$2` deadline, `$3` id; both
+        // NULL: from the start). The `>=` is the index condition, so the
+        // scan starts at the position instead of reading past every row
+        // before it; the rest breaks ties between equal deadlines by id.
+        let after = format!(
+            "{deadline} >= coalesce($2, '-infinity'::timestamptz) \
+             AND ($2 IS NULL OR {deadline} > $2 OR id > $3)"
+        );
         Self {
             partial_index: format!("ix_bookings_{deadline}"),
             lock_due: format!(
-                "SELECT {COLUMNS} FROM bookings WHERE {due_predicate} AND id <> ALL($2) \
-                 ORDER BY {deadline} LIMIT $3 FOR UPDATE SKIP LOCKED"
+                "SELECT {COLUMNS} FROM bookings WHERE {due_predicate} AND {after} \
+                 ORDER BY {deadline}, id LIMIT $4 FOR UPDATE SKIP LOCKED"
             ),
+            count_due: format!("SELECT count(*) AS count FROM bookings WHERE {due_predicate}"),
             count_due_excluding: format!(
-                "SELECT count(*) AS count FROM bookings WHERE {due_predicate} AND id <> ALL($2)"
+                "SELECT count(*) AS count FROM bookings WHERE {due_predicate} AND {after} \
+                 AND id <> ALL($4)"
             ),
             oldest_due_deadline: format!(
                 "SELECT min({deadline}) AS oldest FROM bookings WHERE {due_predicate}"
@@ -169,31 +180,53 @@ pub fn partial_index(phase: Phase) -> &'static str {
     &phase_sql(phase).partial_index
 }
 
-/// The candidate query of a phase: due rows, oldest deadline first, rows
-/// locked by anyone else skipped without waiting. Binds `$1` as_of, `$2`
-/// the ids to leave out, `$3` the limit.
+/// A due row's place in the order a sweep takes the rows of a phase in:
+/// its deadline, then its id (which breaks ties between equal deadlines).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    pub deadline: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+impl BookingRow {
+    /// The row's place among the due rows of `phase` (`None` without a
+    /// deadline of that phase: such a row is never due).
+    pub fn position(&self, phase: Phase) -> Option<Position> {
+        self.deadline(phase).map(|deadline| Position {
+            deadline,
+            id: self.id,
+        })
+    }
+}
+
+/// The candidate query of a phase: due rows after a position, in deadline
+/// then id order, rows locked by anyone else skipped without waiting.
+/// Binds `$1` as_of, `$2` and `$3` the position's deadline and id (NULL:
+/// from the start), `$4` the limit.
 pub fn lock_due_sql(phase: Phase) -> &'static str {
     &phase_sql(phase).lock_due
 }
 
-/// The count behind [`count_due_excluding`]. Binds `$1` as_of, `$2` the
-/// ids to leave out.
+/// The count behind [`count_due_excluding`]. Binds `$1` as_of, `$2` and
+/// `$3` the position (NULL: from the start), `$4` the ids to leave out.
 pub fn count_due_excluding_sql(phase: Phase) -> &'static str {
     &phase_sql(phase).count_due_excluding
 }
 
-/// Locks up to `limit` due rows of `phase`, skipping `exclude` (rows this
-/// cycle already refused). Must run inside the batch's transaction.
+/// Locks up to `limit` due rows of `phase` after `after` (the sweep's
+/// position; `None`: from the oldest deadline), in deadline then id order.
+/// Must run inside the batch's transaction.
 pub async fn lock_due(
     conn: &mut AsyncPgConnection,
     phase: Phase,
     as_of: DateTime<Utc>,
+    after: Option<Position>,
     limit: u32,
-    exclude: &[Uuid],
 ) -> Result<Vec<BookingRow>, DbError> {
     Ok(diesel::sql_query(lock_due_sql(phase))
         .bind::<Timestamptz, _>(as_of)
-        .bind::<Array<SqlUuid>, _>(exclude)
+        .bind::<Nullable<Timestamptz>, _>(after.map(|p| p.deadline))
+        .bind::<Nullable<SqlUuid>, _>(after.map(|p| p.id))
         .bind::<BigInt, _>(i64::from(limit))
         .load(conn)
         .await?)
@@ -205,17 +238,21 @@ struct Count {
     count: i64,
 }
 
-/// Due rows of `phase` other than `exclude`. Run in the batch's
-/// transaction right after [`lock_due`] with the ids it returned, it
-/// counts the due rows someone else holds locked.
+/// Due rows of `phase` after `after` other than `exclude`. Run in the
+/// batch's transaction right after a short [`lock_due`] from the same
+/// position, with the ids it returned, it counts the due rows someone else
+/// holds locked.
 pub async fn count_due_excluding(
     conn: &mut AsyncPgConnection,
     phase: Phase,
     as_of: DateTime<Utc>,
+    after: Option<Position>,
     exclude: &[Uuid],
 ) -> Result<i64, DbError> {
     let row: Count = diesel::sql_query(count_due_excluding_sql(phase))
         .bind::<Timestamptz, _>(as_of)
+        .bind::<Nullable<Timestamptz>, _>(after.map(|p| p.deadline))
+        .bind::<Nullable<SqlUuid>, _>(after.map(|p| p.id))
         .bind::<Array<SqlUuid>, _>(exclude)
         .get_result(conn)
         .await?;
@@ -228,7 +265,11 @@ pub async fn count_due(
     phase: Phase,
     as_of: DateTime<Utc>,
 ) -> Result<i64, DbError> {
-    count_due_excluding(conn, phase, as_of, &[]).await
+    let row: Count = diesel::sql_query(phase_sql(phase).count_due.as_str())
+        .bind::<Timestamptz, _>(as_of)
+        .get_result(conn)
+        .await?;
+    Ok(row.count)
 }
 
 /// The oldest due deadline of `phase`, if any row is due.

@@ -161,3 +161,35 @@ pub async fn ping(pool: &PgPool) -> bool {
         Ok(Some(_))
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DatabaseUrl, ranges};
+
+    /// The issue's `SET` failure: PostgreSQL takes its timeouts as int
+    /// milliseconds, and the idle limit is twice the statement timeout. At
+    /// the range's ceiling both still fit.
+    #[test]
+    fn the_session_limits_fit_postgres_int_milliseconds_across_the_range() {
+        let url = DatabaseUrl::parse("postgres://u@h/db").expect("a URL");
+        for statement_timeout in [
+            ranges::DATABASE_STATEMENT_TIMEOUT.min,
+            ranges::DATABASE_STATEMENT_TIMEOUT.max,
+        ] {
+            let settings = DatabaseSettings {
+                statement_timeout,
+                ..DatabaseSettings::new(url.clone())
+            };
+            let sql = session_setup_sql(&settings);
+            let limits: Vec<u64> = sql
+                .split(';')
+                .filter_map(|part| part.split(" = ").nth(1)?.trim().parse().ok())
+                .collect();
+            assert_eq!(limits.len(), 3, "{sql}");
+            for ms in limits {
+                assert!(ms <= i32::MAX as u64, "{sql}");
+            }
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! One expiry cycle: lock, transition, audit, outbox, commit, batch after
-//! batch, for both phases.
+//! batch, for both phases, each batch after the last row of the one before
+//! ([`Sweep`]).
 
 use std::{
     collections::HashSet,
@@ -14,14 +15,18 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::{refused::RefusedRows, wake::WakePolicy};
+use super::{
+    skew::{self, AsOf},
+    sweep::Sweep,
+    wake::WakePolicy,
+};
 use crate::{
     clock::Clock,
     config::{EventSettings, ExpirySettings, ShutdownSettings},
     context::TaskContext,
     db::{
         DbError, PgPool,
-        bookings::{self, ExpiryWrite},
+        bookings::{self, ExpiryWrite, Position},
     },
     domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
     events,
@@ -58,13 +63,11 @@ pub struct CycleOutcome {
     /// Stopped early: the time budget ran out while batches were still full.
     pub budget_exhausted: bool,
     /// A phase stopped at `EXPIRATION_MAX_BATCHES_PER_CYCLE` with its last
-    /// batch full: more of its rows may be due.
+    /// batch full: more of its rows may be due (after the sweep's position).
     pub batch_cap_reached: bool,
-    /// Bookings the last batch of each phase stopped at the cap expired.
-    pub expired_in_capped_batches: u64,
-    /// Per phase (indexed by `phase as usize`): the rows the domain refused
-    /// in this cycle, besides those it was asked to leave out.
-    pub refused_ids: [Vec<Uuid>; 2],
+    /// How far the local clock ran ahead of the database clock when that
+    /// was more than `EXPIRATION_MAX_CLOCK_SKEW` (`as_of` was clamped).
+    pub clamped_ahead_by: Option<chrono::Duration>,
 }
 
 /// Why a cycle ended without completing. Batches committed before the
@@ -87,6 +90,8 @@ pub enum CycleError {
 #[derive(Debug, Default)]
 struct BatchResult {
     selected: usize,
+    /// The last row it took, where the sweep goes on from.
+    last: Option<Position>,
     expired: Vec<BookingExpired>,
     refused: Vec<(Uuid, ExpireError)>,
     conflicts: Vec<Uuid>,
@@ -94,15 +99,10 @@ struct BatchResult {
 }
 
 /// Per-phase progress within a cycle.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct PhaseProgress {
     finished: bool,
     batches: u32,
-    /// Refused rows: excluded from this cycle's later batches so they can
-    /// never starve the rows behind them. The first `earlier_refused` are
-    /// those earlier cycles refused, left out from the first batch on.
-    refused_ids: Vec<Uuid>,
-    earlier_refused: usize,
 }
 
 /// The expiry worker: owns the pool handle, the clock, the settings.
@@ -160,35 +160,53 @@ impl ExpiryWorker {
     }
 
     /// One cycle with `as_of` from the clock (bounded by the database
-    /// clock, see [`Self::checked_now`]) and a fresh run id.
+    /// clock, see [`Self::checked_now`]) and a fresh run id, sweeping from
+    /// the oldest deadline (`once`). A clamped `as_of` is logged.
     pub async fn run_cycle(
         &self,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
-        self.run_cycle_leaving_out(&RefusedRows::default(), shutdown)
-            .await
+        let outcome = self
+            .run_cycle_resuming(&mut Sweep::default(), shutdown)
+            .await?;
+        if let Some(ahead) = outcome.clamped_ahead_by {
+            tracing::warn!(
+                skew_ms = ahead.num_milliseconds(),
+                "local clock ahead of the database clock by more than \
+                 EXPIRATION_MAX_CLOCK_SKEW; as_of clamped"
+            );
+        }
+        Ok(outcome)
     }
 
-    /// One cycle as [`Self::run_cycle`] that also leaves out the rows
-    /// earlier cycles refused (the scheduler's memory of poison rows).
-    pub async fn run_cycle_leaving_out(
+    /// One cycle as [`Self::run_cycle`] that goes on with `sweep` (the
+    /// scheduler's, carried from cycle to cycle) and leaves saying a clamped
+    /// `as_of` to the caller, which says it once a minute.
+    pub async fn run_cycle_resuming(
         &self,
-        earlier: &RefusedRows,
+        sweep: &mut Sweep,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
         let as_of = self.checked_now().await?;
-        self.run_cycle_at_leaving_out(as_of, RunId::generate(), earlier, shutdown)
-            .await
+        let mut outcome = self
+            .run_cycle_at_resuming(as_of.at, RunId::generate(), sweep, shutdown)
+            .await?;
+        outcome.clamped_ahead_by = as_of.clamped_ahead_by;
+        Ok(outcome)
     }
 
     /// The clock's now, never more than `max_clock_skew` ahead of the
     /// database clock: instances with differing clocks share one reference,
     /// so a fast clock can never expire a booking early. A slow clock only
-    /// delays expiry; both directions are exported as the skew gauge.
-    pub async fn checked_now(&self) -> Result<DateTime<Utc>, CycleError> {
+    /// delays expiry; both directions are exported as the skew gauge, and a
+    /// clamp as the out-of-skew gauge.
+    pub async fn checked_now(&self) -> Result<AsOf, CycleError> {
         let local = self.clock.now();
         let Some(max_skew) = self.settings.max_clock_skew else {
-            return Ok(local);
+            return Ok(AsOf {
+                at: local,
+                clamped_ahead_by: None,
+            });
         };
         let mut conn = self
             .pool
@@ -204,35 +222,31 @@ impl ExpiryWorker {
         self.metrics
             .clock_skew_seconds
             .set(skew.num_milliseconds() as f64 / 1000.0);
-        let bound =
-            database + chrono::Duration::from_std(max_skew).unwrap_or(chrono::Duration::MAX);
-        if local > bound {
-            tracing::warn!(
-                skew_ms = skew.num_milliseconds(),
-                "local clock ahead of the database clock; as_of clamped"
-            );
-            return Ok(bound);
-        }
-        Ok(local)
+        let as_of = skew::bounded(local, database, max_skew);
+        self.metrics
+            .clock_skew_exceeded
+            .set(i64::from(as_of.clamped_ahead_by.is_some()));
+        Ok(as_of)
     }
 
-    /// One cycle at a given `as_of`.
+    /// One cycle at a given `as_of`, sweeping from the oldest deadline.
     pub async fn run_cycle_at(
         &self,
         as_of: DateTime<Utc>,
         run_id: RunId,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
-        self.run_cycle_at_leaving_out(as_of, run_id, &RefusedRows::default(), shutdown)
+        self.run_cycle_at_resuming(as_of, run_id, &mut Sweep::default(), shutdown)
             .await
     }
 
-    /// One cycle at a given `as_of` that leaves out `earlier` refused rows.
-    pub async fn run_cycle_at_leaving_out(
+    /// One cycle at a given `as_of` that goes on with `sweep`, and moves it
+    /// on with every batch it commits (also when a later batch fails).
+    pub async fn run_cycle_at_resuming(
         &self,
         as_of: DateTime<Utc>,
         run_id: RunId,
-        earlier: &RefusedRows,
+        sweep: &mut Sweep,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
         // PostgreSQL keeps microseconds: the event's expired_at must equal the row's.
@@ -243,7 +257,7 @@ impl ExpiryWorker {
             correlation_id = %run_id,
             tenant_count = tracing::field::Empty,
         );
-        self.cycle(as_of, run_id, earlier, shutdown)
+        self.cycle(as_of, run_id, sweep, shutdown)
             .instrument(span)
             .await
     }
@@ -252,7 +266,7 @@ impl ExpiryWorker {
         &self,
         as_of: DateTime<Utc>,
         run_id: RunId,
-        earlier: &RefusedRows,
+        sweep: &mut Sweep,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
         let started = Instant::now();
@@ -271,17 +285,9 @@ impl ExpiryWorker {
             batches: 0,
             budget_exhausted: false,
             batch_cap_reached: false,
-            expired_in_capped_batches: 0,
-            refused_ids: [Vec::new(), Vec::new()],
+            clamped_ahead_by: None,
         };
-        let mut progress = Phase::ALL.map(|phase| {
-            let refused_ids = earlier.ids(phase);
-            PhaseProgress {
-                earlier_refused: refused_ids.len(),
-                refused_ids,
-                ..PhaseProgress::default()
-            }
-        });
+        let mut progress = [PhaseProgress::default(); 2];
         // The tenants of the expired bookings: their number is a field of
         // the cycle span, recorded once when the cycle ends (each booking's
         // own line and outbox record name its tenant).
@@ -296,55 +302,44 @@ impl ExpiryWorker {
                 if shutdown.is_cancelled() {
                     return Err(CycleError::Cancelled);
                 }
-                if started.elapsed() >= self.settings.cycle_budget {
+                // The first batch of each phase always runs, so however
+                // short the budget, a cycle gets somewhere.
+                if state.batches > 0 && started.elapsed() >= self.settings.cycle_budget {
                     outcome.budget_exhausted = true;
                     tracing::warn!(
                         budget_ms = self.settings.cycle_budget.as_millis() as u64,
                         "cycle budget used up with full batches; the next cycle continues"
                     );
-                    return Ok(self.finish(outcome, progress, started, tenants.len()));
+                    return Ok(self.finish(outcome, started, tenants.len()));
                 }
+                let after = sweep.after(phase);
                 let batch = self
-                    .batch_with_grace(
-                        &mut conn,
-                        phase,
-                        as_of,
-                        run_id,
-                        &state.refused_ids,
-                        shutdown,
-                    )
+                    .batch_with_grace(&mut conn, phase, as_of, run_id, after, shutdown)
                     .await?;
+                let full = batch.selected >= self.settings.batch_size as usize;
+                sweep.batch_done(phase, batch.last, full);
                 state.batches += 1;
                 outcome.batches += 1;
                 tenants.extend(batch.expired.iter().map(|e| e.tenant_id.as_uuid()));
                 self.after_commit(phase, &batch, &mut outcome);
-                state
-                    .refused_ids
-                    .extend(batch.refused.iter().map(|(id, _)| *id));
-                if batch.selected < self.settings.batch_size as usize {
+                if !full {
                     state.finished = true;
                 } else if state.batches >= self.settings.max_batches_per_cycle {
                     state.finished = true;
                     outcome.batch_cap_reached = true;
-                    outcome.expired_in_capped_batches += batch.expired.len() as u64;
                 }
             }
         }
-        Ok(self.finish(outcome, progress, started, tenants.len()))
+        Ok(self.finish(outcome, started, tenants.len()))
     }
 
     fn finish(
         &self,
         mut outcome: CycleOutcome,
-        progress: [PhaseProgress; 2],
         started: Instant,
         tenant_count: usize,
     ) -> CycleOutcome {
         tracing::Span::current().record("tenant_count", tenant_count);
-        outcome.refused_ids = progress.map(|mut state| {
-            state.refused_ids.drain(..state.earlier_refused);
-            state.refused_ids
-        });
         let elapsed = started.elapsed();
         outcome.report.duration_ms = elapsed.as_millis() as u64;
         self.metrics
@@ -374,7 +369,7 @@ impl ExpiryWorker {
         phase: Phase,
         as_of: DateTime<Utc>,
         run_id: RunId,
-        exclude: &[Uuid],
+        after: Option<Position>,
         shutdown: &CancellationToken,
     ) -> Result<BatchResult, CycleError> {
         let grace = self.shutdown_grace;
@@ -384,7 +379,7 @@ impl ExpiryWorker {
         };
         tokio::select! {
             biased;
-            result = self.run_batch(conn, phase, as_of, run_id, exclude) => {
+            result = self.run_batch(conn, phase, as_of, run_id, after) => {
                 result.map_err(|source| CycleError::Database { phase, source })
             }
             _ = deadline => {
@@ -400,7 +395,7 @@ impl ExpiryWorker {
         phase: Phase,
         as_of: DateTime<Utc>,
         run_id: RunId,
-        exclude: &[Uuid],
+        after: Option<Position>,
     ) -> Result<BatchResult, DbError> {
         let settings = &self.settings;
         let span = tracing::info_span!(
@@ -414,7 +409,7 @@ impl ExpiryWorker {
         // Every outbox row of the batch names this span in `traceparent`.
         let trace = trace::headers_of(&span);
         conn.transaction(async |conn| {
-            let rows = bookings::lock_due(conn, phase, as_of, settings.batch_size, exclude).await?;
+            let rows = bookings::lock_due(conn, phase, as_of, after, settings.batch_size).await?;
             // An empty batch says nothing an operator needs: with several
             // instances woken at the same deadline, most batches are empty.
             if rows.is_empty() {
@@ -428,6 +423,7 @@ impl ExpiryWorker {
             current.record("tenant_count", tenants.len());
             let mut result = BatchResult {
                 selected: rows.len(),
+                last: rows.last().and_then(|row| row.position(phase)),
                 ..BatchResult::default()
             };
             let mut writes = Vec::with_capacity(rows.len());
@@ -471,12 +467,13 @@ impl ExpiryWorker {
                     result.conflicts.push(id);
                 }
             }
-            // A short batch means every due row we could lock is in it, so
-            // the due rows still outside it are held by someone else.
+            // A short batch means every due row after the sweep's position
+            // that we could lock is in it, so the due rows there still
+            // outside it are held by someone else.
             if rows.len() < settings.batch_size as usize {
-                let mut seen: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-                seen.extend_from_slice(exclude);
-                let others = bookings::count_due_excluding(conn, phase, as_of, &seen).await?;
+                let seen: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+                let others =
+                    bookings::count_due_excluding(conn, phase, as_of, after, &seen).await?;
                 result.skipped_locked = u64::try_from(others).unwrap_or(0);
             }
             Ok(result)

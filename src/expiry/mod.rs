@@ -1,12 +1,14 @@
 //! The sweep: [`ExpiryWorker::run_cycle`] is one cycle over both phases,
 //! [`scheduler::run`] repeats it until shutdown, waking at each regular tick
 //! and (unless turned off) just after the next known deadline
-//! ([`wake::next_wake`], pure), and leaving out the poison rows earlier
-//! cycles refused for an interval or two ([`refused::RefusedRows`]).
+//! ([`wake::next_wake`], pure), going on from where the last cycle left
+//! each phase ([`sweep::Sweep`]) so poison rows are passed over, and
+//! backing off to the tick while the clock is out of skew ([`skew`]).
 
 mod cycle;
-pub(crate) mod refused;
 pub mod scheduler;
+pub mod skew;
+pub mod sweep;
 pub(crate) mod wake;
 
 pub use cycle::{CycleError, CycleOutcome, CycleReport, ExpiryWorker};

@@ -7,8 +7,10 @@
 //! cycle never overlaps the next; ticks missed while a cycle ran are
 //! skipped, not queued. What to wait for is decided by the pure
 //! [`next_wake`] and [`backlog_left`]; this task only sleeps, probes, runs
-//! cycles and stops. It also keeps the poison rows earlier cycles refused
-//! ([`RefusedRows`]), left out of the cycles until the tick after next.
+//! cycles and stops. It also carries each phase's [`Sweep`] from cycle to
+//! cycle (poison rows are passed over, not read by every cycle), and while
+//! the clock is out of skew it waits for the tick between cycles, says so
+//! once a minute ([`SkewWarnings`]) and counts it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -17,10 +19,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     CycleError, ExpiryWorker,
-    refused::RefusedRows,
+    skew::{SkewWarnings, WARN_EVERY},
+    sweep::Sweep,
     wake::{WakeInputs, WakeReason, backlog_left, next_wake},
 };
-use crate::{context::TaskContext, domain::Phase, telemetry::ErrorChain};
+use crate::{context::TaskContext, telemetry::ErrorChain};
 
 /// The backlog gauge costs a count per phase: with deadline wake-ups cycles
 /// can come every `EXPIRATION_MIN_GAP`, so it is measured at most this often.
@@ -44,7 +47,13 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
     // from there on, so one written during that cycle is found too.
     let mut probe_from = None;
     let mut probe_failing = false;
-    let mut refused = RefusedRows::new(worker.settings().batch_size);
+    let mut sweep = Sweep::default();
+    let mut clock_ahead = false;
+    let mut skew_warnings = SkewWarnings::default();
+    let max_skew_ms = worker
+        .settings()
+        .max_clock_skew
+        .map_or(0, |skew| skew.as_millis() as u64);
     loop {
         let (wait, reason) = next_wake(
             &policy,
@@ -55,6 +64,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                 next_deadline,
                 backlog_left: backlog,
                 can_probe: probe_from.is_some(),
+                clock_ahead,
             },
         );
         tokio::select! {
@@ -90,9 +100,9 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
         // grid keeps its phase and skips the ticks that were missed.
         let now = Instant::now();
         if next_tick <= now {
-            // Rows refused before the previous tick are tried again (logged
-            // and counted); those refused since stay set aside.
-            refused.tick();
+            // A phase whose sweep reached the end starts over: poison rows
+            // are tried again (logged and counted), skipped rows taken.
+            sweep.tick();
         }
         while next_tick <= now {
             next_tick += policy.interval;
@@ -101,23 +111,31 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
         next_deadline = None;
         backlog = false;
         probe_from = None;
-        match worker.run_cycle_leaving_out(&refused, &shutdown).await {
+        match worker.run_cycle_resuming(&mut sweep, &shutdown).await {
             Ok(outcome) => {
                 let now = clock.now();
                 health.record_cycle_success(now);
                 metrics.last_success_timestamp_seconds.set(now.timestamp());
-                let mut set_aside = 0;
-                for (phase, ids) in Phase::ALL.into_iter().zip(&outcome.refused_ids) {
-                    set_aside += refused.remember(phase, ids);
+                backlog = backlog_left(outcome.budget_exhausted, outcome.batch_cap_reached);
+                clock_ahead = outcome.clamped_ahead_by.is_some();
+                if let Some(ahead) = outcome.clamped_ahead_by {
+                    metrics.clock_skew_backoffs.inc();
+                    if let Some(cycles) = skew_warnings.clamped(Instant::now()) {
+                        tracing::warn!(
+                            skew_ms = ahead.num_milliseconds(),
+                            max_skew_ms,
+                            clamped_cycles = cycles,
+                            warn_every_s = WARN_EVERY.as_secs(),
+                            "local clock ahead of the database clock by more than \
+                             EXPIRATION_MAX_CLOCK_SKEW; as_of clamped, one cycle per tick \
+                             until it is back"
+                        );
+                    }
+                } else if skew_warnings.within() {
+                    tracing::info!("local clock back within EXPIRATION_MAX_CLOCK_SKEW");
                 }
-                backlog = backlog_left(
-                    outcome.budget_exhausted,
-                    outcome.batch_cap_reached,
-                    outcome.expired_in_capped_batches,
-                    set_aside,
-                );
                 probe_from = Some(outcome.as_of);
-                if policy.deadline_wake && !backlog {
+                if policy.deadline_wake && !backlog && !clock_ahead {
                     match worker.next_deadline(outcome.as_of).await {
                         Ok(next) => next_deadline = next,
                         Err(error) => {

@@ -10,6 +10,12 @@
 //! together into one cycle and bounds the database work however the
 //! deadlines fall.
 //!
+//! A local clock further ahead of the database clock than
+//! `EXPIRATION_MAX_CLOCK_SKEW` clamps `as_of`, so deadlines the local clock
+//! sees as past are not due to the cycle: waking for them (or for a backlog
+//! or a probe) would run a cycle every minimum gap for nothing. While the
+//! last cycle was clamped the schedule is the tick alone.
+//!
 //! A deadline can also appear while the worker sleeps: crm inserts a booking,
 //! or moves a deadline earlier, after the worker last read the next one.
 //! While a sleep would last longer than [`PROBE_INTERVAL`], the scheduler
@@ -68,6 +74,9 @@ pub struct WakeInputs {
     /// The next deadline can be read again while sleeping (the last cycle
     /// succeeded, so its `as_of` is known).
     pub can_probe: bool,
+    /// The last cycle's `as_of` was clamped: the local clock ran ahead of
+    /// the database clock by more than `EXPIRATION_MAX_CLOCK_SKEW`.
+    pub clock_ahead: bool,
 }
 
 /// Why the scheduler wakes.
@@ -94,6 +103,13 @@ impl WakeReason {
 
 /// The next wake-up: how long to sleep from `inputs.now`, and why.
 pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeReason) {
+    let gap_left = inputs
+        .since_last_cycle
+        .map_or(Duration::ZERO, |since| policy.min_gap.saturating_sub(since));
+    if inputs.clock_ahead {
+        // Back off to the tick: no deadline, backlog or probe wake-up.
+        return (inputs.until_tick.max(gap_left), WakeReason::Tick);
+    }
     let mut wait = (inputs.until_tick, WakeReason::Tick);
     if policy.deadline_wake {
         if inputs.backlog_left {
@@ -107,9 +123,6 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
             }
         }
     }
-    let gap_left = inputs
-        .since_last_cycle
-        .map_or(Duration::ZERO, |since| policy.min_gap.saturating_sub(since));
     let wait = (wait.0.max(gap_left), wait.1);
     // A deadline written during the sleep must not wait for the tick: a long
     // sleep is cut into probes (the gap is the next cycle's, not a probe's).
@@ -122,19 +135,11 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
 /// Whether the cycle that just ended left due rows that a cycle right after
 /// the minimum gap can take, instead of leaving them for the tick: it stopped
 /// at its time budget, or a phase stopped at `EXPIRATION_MAX_BATCHES_PER_CYCLE`
-/// with a full last batch, and the next cycle will get further — that last
-/// batch expired bookings, or rows the domain refused were newly set aside
-/// (so the next cycle's batches leave them out). A full batch of refused rows
-/// that could not be set aside would come back unchanged: then the tick
-/// decides, not a loop every gap.
-pub fn backlog_left(
-    budget_exhausted: bool,
-    batch_cap_reached: bool,
-    expired_in_capped_batches: u64,
-    newly_set_aside: usize,
-) -> bool {
-    budget_exhausted
-        || (batch_cap_reached && (expired_in_capped_batches > 0 || newly_set_aside > 0))
+/// with a full last batch. The next cycle always gets further: it goes on
+/// after the last row the sweep took (`sweep`), so a full batch of refused
+/// rows is not read again, and the loop ends when a batch comes back short.
+pub fn backlog_left(budget_exhausted: bool, batch_cap_reached: bool) -> bool {
+    budget_exhausted || batch_cap_reached
 }
 
 #[cfg(test)]
@@ -160,6 +165,7 @@ mod tests {
             next_deadline: None,
             backlog_left: false,
             can_probe: false,
+            clock_ahead: false,
         }
     }
 
@@ -390,18 +396,49 @@ mod tests {
     }
 
     #[test]
-    fn a_capped_cycle_continues_only_while_it_gets_further() {
-        // The budget ran out: continue.
-        assert!(backlog_left(true, false, 0, 0));
-        // Nothing capped: the schedule decides.
-        assert!(!backlog_left(false, false, 5, 5));
-        // Capped, and the last batch expired rows: more may be due.
-        assert!(backlog_left(false, true, 1, 0));
-        // Capped with a batch of refused rows, newly set aside: the next
-        // cycle leaves them out and reaches the rows behind them.
-        assert!(backlog_left(false, true, 0, 200));
-        // Capped with refused rows that could not be set aside: the next
-        // cycle would select the same batch; the tick decides.
-        assert!(!backlog_left(false, true, 0, 0));
+    fn a_cycle_stopped_early_continues_after_the_gap() {
+        // The budget ran out, or a phase stopped at the cap: the next cycle
+        // goes on after the sweep's position.
+        assert!(backlog_left(true, false));
+        assert!(backlog_left(false, true));
+        // Every phase reached a short batch: the schedule decides.
+        assert!(!backlog_left(false, false));
+    }
+
+    /// The spin: a clock out of skew left deadlines behind `now`
+    /// that the clamped cycle could not take, and the scheduler ran a cycle
+    /// every minimum gap. Now it waits for the tick, whatever is known.
+    #[test]
+    fn a_clock_out_of_skew_backs_off_to_the_tick() {
+        let ahead = WakeInputs {
+            clock_ahead: true,
+            since_last_cycle: Some(Duration::ZERO),
+            until_tick: Duration::from_secs(37),
+            ..inputs()
+        };
+        for deadline in [None, Some(at(-3)), Some(at(1))] {
+            for (backlog_left, can_probe) in [(false, false), (true, true), (false, true)] {
+                let input = WakeInputs {
+                    next_deadline: deadline,
+                    backlog_left,
+                    can_probe,
+                    ..ahead
+                };
+                assert_eq!(
+                    next_wake(&POLICY, &input),
+                    (Duration::from_secs(37), WakeReason::Tick),
+                    "{input:?}"
+                );
+            }
+        }
+        // At the tick itself, still no sooner than the gap.
+        let at_tick = WakeInputs {
+            until_tick: Duration::ZERO,
+            ..ahead
+        };
+        assert_eq!(
+            next_wake(&POLICY, &at_tick),
+            (POLICY.min_gap, WakeReason::Tick)
+        );
     }
 }

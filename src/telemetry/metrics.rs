@@ -53,6 +53,12 @@ pub struct Metrics {
     pub cycles_failed: Counter,
     pub last_success_timestamp_seconds: Gauge,
     pub clock_skew_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// 1 while the last clock check found the local clock further ahead of
+    /// the database clock than `EXPIRATION_MAX_CLOCK_SKEW`, else 0.
+    pub clock_skew_exceeded: Gauge,
+    /// Cycles after which the scheduler waited for the tick because their
+    /// `as_of` was clamped.
+    pub clock_skew_backoffs: Counter,
     pub outbox_unpublished: Gauge,
     pub outbox_oldest_unpublished_age_seconds: Gauge,
     pub outbox_published: Counter,
@@ -115,6 +121,8 @@ impl Metrics {
             cycles_failed: Counter::default(),
             last_success_timestamp_seconds: Gauge::default(),
             clock_skew_seconds: Gauge::default(),
+            clock_skew_exceeded: Gauge::default(),
+            clock_skew_backoffs: Counter::default(),
             outbox_unpublished: Gauge::default(),
             outbox_oldest_unpublished_age_seconds: Gauge::default(),
             outbox_published: Counter::default(),
@@ -173,6 +181,16 @@ impl Metrics {
             "crm_booking_expiration_clock_skew_seconds",
             "Local clock minus database clock at the last cycle start",
             metrics.clock_skew_seconds.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_clock_skew_exceeded",
+            "1 while the local clock is ahead of the database clock by more than EXPIRATION_MAX_CLOCK_SKEW (as_of clamped), else 0",
+            metrics.clock_skew_exceeded.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_clock_skew_backoffs",
+            "Cycles whose as_of was clamped for clock skew, after which the scheduler waited for the tick",
+            metrics.clock_skew_backoffs.clone(),
         );
         registry.register(
             "crm_booking_expiration_outbox_unpublished",
@@ -282,6 +300,8 @@ mod tests {
             "crm_booking_expiration_lateness_seconds_bucket{le=\"0.5\",phase=\"booking\"} 1",
             "crm_booking_expiration_skip_locked_total ",
             "crm_booking_expiration_errors_total ",
+            "crm_booking_expiration_clock_skew_exceeded ",
+            "crm_booking_expiration_clock_skew_backoffs_total ",
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds ",
             "crm_booking_expiration_outbox_parked ",
             "crm_booking_expiration_kafka_metadata_refreshes_total{reason=\"periodic\"} 1",

@@ -282,6 +282,152 @@ fn bad_configuration_exits_2_with_one_line_naming_the_setting() {
     }
 }
 
+/// Issue 33's defects, through the binary: a huge clock skew (a panic in
+/// chrono's addition), a statement timeout past PostgreSQL's int
+/// milliseconds once doubled, a minimum gap of 0 (a cycle every 5 ms). Each
+/// value outside its range is one line, exit 2, naming the setting and the
+/// range, before anything connects.
+#[test]
+fn a_value_outside_its_range_exits_2_naming_the_setting_and_the_range() {
+    let cases = [
+        ("once", "EXPIRATION_MAX_CLOCK_SKEW", "10000000d", "0s to 1h"),
+        ("once", "DATABASE_STATEMENT_TIMEOUT", "12d 12h", "1s to 12d"),
+        ("once", "EXPIRATION_MIN_GAP", "0", "50ms to 60s"),
+        (
+            "once",
+            "EXPIRATION_BATCH_SIZE",
+            "18446744073709551616",
+            "1 to 100000",
+        ),
+        ("run", "OUTBOX_RETENTION", "-1s", "0s to 365d"),
+        ("run", "KAFKA_REQUEST_TIMEOUT", "soon", "100ms to 10m"),
+    ];
+    for (command, setting, value, range) in cases {
+        let output = binary()
+            .arg(command)
+            .env("DATABASE_URL", "postgres://u:hunter2@127.0.0.1:1/db")
+            .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+            .env(setting, value)
+            .output()
+            .unwrap();
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(2), "{setting}={value}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+        assert!(
+            stderr.contains(&format!("{setting}: must be")) && stderr.contains(range),
+            "{setting}={value}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// `once` with every setting it takes at the bottom, then at the top of its
+/// range: each starts and completes its cycle. At the top the session
+/// limits are 12 days and 24 days (PostgreSQL's int milliseconds hold
+/// them); at the bottom the connect timeout stays at 1 s, as a connection
+/// on a test machine busy with the parallel suite may take longer than its
+/// 100 ms floor (the floor is parsed by the unit tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_starts_with_every_setting_at_either_bound() {
+    let db = TestDb::new().await;
+    let bounds: [&[(&str, &str)]; 2] = [
+        &[
+            ("DATABASE_POOL_SIZE", "1"),
+            ("DATABASE_CONNECT_TIMEOUT", "1s"),
+            ("DATABASE_STATEMENT_TIMEOUT", "1s"),
+            ("EXPIRATION_INTERVAL", "100ms"),
+            ("EXPIRATION_BATCH_SIZE", "1"),
+            ("EXPIRATION_MAX_BATCHES_PER_CYCLE", "1"),
+            ("EXPIRATION_CYCLE_BUDGET", "100ms"),
+            ("EXPIRATION_MAX_CLOCK_SKEW", "0s"),
+            ("EXPIRATION_MIN_GAP", "50ms"),
+            ("SHUTDOWN_GRACE", "0s"),
+        ],
+        &[
+            ("DATABASE_POOL_SIZE", "1000"),
+            ("DATABASE_CONNECT_TIMEOUT", "10m"),
+            ("DATABASE_STATEMENT_TIMEOUT", "12d"),
+            ("EXPIRATION_INTERVAL", "1h"),
+            ("EXPIRATION_BATCH_SIZE", "100000"),
+            ("EXPIRATION_MAX_BATCHES_PER_CYCLE", "1000000"),
+            ("EXPIRATION_CYCLE_BUDGET", "1h"),
+            ("EXPIRATION_MAX_CLOCK_SKEW", "1h"),
+            ("EXPIRATION_MIN_GAP", "60s"),
+            ("SHUTDOWN_GRACE", "10m"),
+        ],
+    ];
+    for settings in bounds {
+        db.insert(
+            &NewBooking::new("Booked").booking_deadline(wall_now() - chrono::Duration::minutes(1)),
+        )
+        .await;
+        let mut command = binary();
+        command.arg("once").env("DATABASE_URL", &db.url);
+        for (name, value) in settings {
+            command.env(name, value);
+        }
+        let output = command.output().unwrap();
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(0), "{settings:?}: {stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(report["booking_expired_count"], 1, "{settings:?}");
+    }
+}
+
+/// `run` with every setting at the top of its range starts, expires and
+/// publishes, serves its endpoints and stops on SIGTERM with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_starts_with_every_setting_at_the_top_of_its_range() {
+    let db = TestDb::new().await;
+    db.seed_due(50, wall_now()).await;
+    let topic = create_topic(3).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut command = binary();
+    command
+        .arg("run")
+        .env("DATABASE_URL", &db.url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
+        .env("KAFKA_TOPIC", &topic)
+        .env("METRICS_ADDR", &addr);
+    for (name, value) in [
+        ("DATABASE_POOL_SIZE", "1000"),
+        ("DATABASE_CONNECT_TIMEOUT", "10m"),
+        ("DATABASE_STATEMENT_TIMEOUT", "12d"),
+        ("EXPIRATION_INTERVAL", "1h"),
+        ("EXPIRATION_BATCH_SIZE", "100000"),
+        ("EXPIRATION_MAX_BATCHES_PER_CYCLE", "1000000"),
+        ("EXPIRATION_CYCLE_BUDGET", "1h"),
+        ("EXPIRATION_MAX_CLOCK_SKEW", "1h"),
+        ("EXPIRATION_MIN_GAP", "60s"),
+        ("SHUTDOWN_GRACE", "10m"),
+        ("LIVENESS_WINDOW", "24h"),
+        ("OUTBOX_BATCH_SIZE", "10000"),
+        ("OUTBOX_POLL_INTERVAL", "10m"),
+        ("OUTBOX_RETENTION", "365d"),
+        ("OUTBOX_CONCURRENCY", "16"),
+        ("KAFKA_REQUEST_TIMEOUT", "10m"),
+        ("KAFKA_TOPIC_PARTITIONS", "10000"),
+        ("KAFKA_REPLICATION_FACTOR", "32"),
+    ] {
+        command.env(name, value);
+    }
+    let mut running = Running::spawn(command);
+    wait_until("every event on Kafka", Duration::from_secs(60), || async {
+        db.count(
+            "SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL",
+        )
+        .await
+            == 50
+    })
+    .await;
+    assert_eq!(http_get(&addr, "/healthz").await.map(|(s, _)| s), Some(200));
+    running.terminate();
+    let status = running.wait(Duration::from_secs(30)).await;
+    let stderr = running.stderr();
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
 /// A publish transaction sits idle while Kafka takes its batch, for up to
 /// one KAFKA_REQUEST_TIMEOUT; the server ends it after twice
 /// DATABASE_STATEMENT_TIMEOUT. Settings that leave the produce no room

@@ -15,6 +15,7 @@ use booking_expiration::{
     domain::Phase,
 };
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use std::sync::Arc;
 
 /// The defaults: a 60 s interval and deadline wake-up on.
 fn default_settings() -> ExpirySettings {
@@ -363,10 +364,10 @@ async fn a_batch_of_poison_rows_at_the_head_never_keeps_the_rows_behind_it() {
     );
 }
 
-/// The poison rows a cycle sets aside are tried again every second tick
-/// (and counted again), so they are never forgotten.
+/// The poison rows a sweep passed over are tried again (and counted again)
+/// by the sweep that starts over at each tick, so they are never forgotten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_rows_set_aside_are_tried_again_every_second_tick() {
+async fn poison_rows_passed_over_are_tried_again_at_the_ticks() {
     let db = TestDb::new().await;
     let poison = NewBooking::new("Booked")
         .booking_deadline(now() - ChronoDuration::minutes(5))
@@ -379,8 +380,8 @@ async fn poison_rows_set_aside_are_tried_again_every_second_tick() {
             ..one_small_batch_per_cycle()
         },
     );
-    // Refused at the first cycle (a tick), then at the third and the fifth
-    // tick: about 4 s.
+    // Refused at the first cycle (a tick), whose sweep reaches the end, then
+    // by the sweeps that start over at the next two ticks: about 2 s.
     wait_until(
         "the poison row refused three times",
         Duration::from_secs(15),
@@ -407,12 +408,68 @@ async fn a_batch_of_poison_rows_never_keeps_the_rows_behind_it_on_the_fixed_sche
             ..one_small_batch_per_cycle()
         },
     );
-    // Cycles 1 and 3 refuse the poison rows, 2 and 4 take the 8 behind them.
+    // Cycle 1 refuses the poison rows (a full batch: the sweep goes on),
+    // cycles 2 and 3 take the 8 behind them; the sweep reached the end, so
+    // cycle 4 starts over and refuses the poison rows again.
     for booking in &good {
         wait_expired(&db, booking.id, Duration::from_secs(20)).await;
     }
     scheduler.stop().await;
     for booking in &poison {
         assert_eq!(db.booking(booking.id).await.status, booking.status);
+    }
+}
+
+/// An instance clock a fixed span ahead of the system's.
+#[derive(Debug)]
+struct AheadClock(ChronoDuration);
+
+impl Clock for AheadClock {
+    fn now(&self) -> DateTime<Utc> {
+        SystemClock.now() + self.0
+    }
+}
+
+/// Issue 33: a local clock an hour ahead of the database's, far beyond
+/// `EXPIRATION_MAX_CLOCK_SKEW`, and deadlines the local clock sees as past
+/// but the clamped `as_of` does not. The scheduler used to run a cycle every
+/// minimum gap (every 5 ms at 0); now it waits for the tick between cycles,
+/// and says so in its metrics. Nothing expires early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_out_of_skew_backs_off_to_the_tick() {
+    let db = TestDb::new().await;
+    let due_locally: Vec<NewBooking> = (0..5)
+        .map(|i| {
+            NewBooking::new("Reserved").reserve_deadline(now() + ChronoDuration::minutes(10 + i))
+        })
+        .collect();
+    db.insert_all(&due_locally).await;
+    let started = std::time::Instant::now();
+    let scheduler = Scheduler::start_with_clock(
+        &db,
+        ExpirySettings {
+            interval: Duration::from_secs(1),
+            min_gap: Duration::from_millis(50),
+            max_clock_skew: Some(Duration::from_secs(2)),
+            ..default_settings()
+        },
+        Arc::new(AheadClock(ChronoDuration::hours(1))),
+    );
+    wait_until("three clamped cycles", Duration::from_secs(20), || async {
+        scheduler.metrics.clock_skew_backoffs.get() >= 3
+    })
+    .await;
+    let elapsed = started.elapsed();
+    let exceeded = scheduler.metrics.clock_skew_exceeded.get();
+    scheduler.stop().await;
+    // The first cycle at start, the next two at the 1 s ticks: at the
+    // minimum gap they would have taken about 0.1 s.
+    assert!(
+        elapsed >= Duration::from_millis(1_900),
+        "three clamped cycles within {elapsed:?}: not one per tick"
+    );
+    assert_eq!(exceeded, 1, "the out-of-skew gauge");
+    for booking in &due_locally {
+        assert_eq!(db.booking(booking.id).await.expired_at, None, "never early");
     }
 }

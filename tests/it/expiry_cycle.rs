@@ -8,10 +8,10 @@ use std::{
 
 use crate::support::*;
 use booking_expiration::{
-    config::{EventSettings, ShutdownSettings},
+    config::{EventSettings, ExpirySettings, ShutdownSettings},
     db::bookings,
     domain::{BookingExpired, DomainEventSubscriber, Phase, RunId},
-    expiry::CycleError,
+    expiry::{CycleError, sweep::Sweep},
 };
 use booking_expired_proto::{decode_record, v1};
 use chrono::Duration as ChronoDuration;
@@ -292,6 +292,128 @@ async fn poison_rows_are_left_out_and_retried_next_cycle() {
     assert_eq!(next.report.expired(), 0);
 }
 
+/// Issue 33: poison rows at volume. Ten times the 1,000 per phase that the
+/// memory of refused rows used to keep, all with one deadline (the oldest:
+/// `seed --poison` writes legacy rows that way), and good rows behind them,
+/// at one batch of `B` rows per cycle. A sweep goes on after the last row it
+/// took, so each good row expires within `⌈(P + G) / B⌉` cycles of the
+/// sweep's start, each poison row is refused exactly once per sweep, and
+/// nothing is remembered but the position: the cycles woken after the
+/// sweep ended take new rows without reading a poison row again, and only
+/// the sweep that starts over at a tick tries them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_poison_rows_never_keep_the_good_rows_behind_them() {
+    const POISON: u64 = 10_000;
+    const BATCH: u32 = 200;
+    let db = TestDb::new().await;
+    let clock = clock();
+    let as_of = t0();
+    let mut conn = db.conn().await;
+    booking_expiration::db::seed::seed(
+        &mut conn,
+        &booking_expiration::db::seed::SeedPlan {
+            active: 0,
+            due_fraction: 0.0,
+            inactive: 0,
+            poison: POISON,
+            as_of,
+            spread: Duration::ZERO,
+        },
+    )
+    .await
+    .unwrap();
+    drop(conn);
+    // Behind them (the seeder's poison deadline is an hour before as_of):
+    // good rows of both phases.
+    let good: Vec<NewBooking> = (0..150)
+        .map(|i| {
+            let deadline = as_of - ChronoDuration::minutes(50) + ChronoDuration::seconds(i);
+            if i % 3 == 0 {
+                NewBooking::new("Booked").booking_deadline(deadline)
+            } else {
+                NewBooking::new(if i % 2 == 0 {
+                    "Reserved"
+                } else {
+                    "AwaitingPayment"
+                })
+                .reserve_deadline(deadline)
+            }
+        })
+        .collect();
+    db.insert_all(&good).await;
+    let active = "SELECT count(*) AS n FROM bookings \
+                  WHERE status IN ('Reserved', 'AwaitingPayment', 'Booked') AND deal_id IS NOT NULL";
+    assert_eq!(db.count(active).await, 150);
+
+    let worker = db.worker_with(
+        &clock,
+        ExpirySettings {
+            max_batches_per_cycle: 1,
+            ..expiry_settings(BATCH)
+        },
+    );
+    let mut sweep = Sweep::default();
+    let bound = (POISON + 150).div_ceil(u64::from(BATCH));
+    let (mut cycles, mut refused) = (0, 0);
+    while db.count(active).await > 0 {
+        assert!(
+            cycles < bound,
+            "good rows still due after {cycles} cycles (bound {bound})"
+        );
+        let outcome = worker
+            .run_cycle_at_resuming(
+                as_of,
+                RunId::generate(),
+                &mut sweep,
+                &CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        refused += outcome.poison_count;
+        cycles += 1;
+    }
+    assert_eq!(refused, POISON, "each poison row refused once in the sweep");
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM bookings WHERE deal_id IS NULL AND version = 1 AND status = 'Reserved'")
+            .await,
+        POISON as i64,
+        "poison rows untouched"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        150
+    );
+
+    // The sweep reached the end: a cycle woken for a new deadline goes on
+    // from there and reads no poison row.
+    let late = NewBooking::new("Reserved").reserve_deadline(as_of - ChronoDuration::seconds(10));
+    db.insert(&late).await;
+    let outcome = worker
+        .run_cycle_at_resuming(
+            as_of,
+            RunId::generate(),
+            &mut sweep,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!((outcome.report.expired(), outcome.poison_count), (1, 0));
+
+    // At the tick the sweep starts over: the poison rows are tried again.
+    sweep.tick();
+    let outcome = worker
+        .run_cycle_at_resuming(
+            as_of,
+            RunId::generate(),
+            &mut sweep,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome.poison_count, u64::from(BATCH));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backlog_beyond_one_batch_is_drained_in_one_cycle_unless_limited() {
     let db = TestDb::new().await;
@@ -343,29 +465,56 @@ async fn candidate_queries_use_the_partial_indexes() {
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
         line: String,
     }
+    use diesel::sql_types::{Array, BigInt, Nullable};
+    // From the start of a sweep, and from a position in it: the position is
+    // an index condition, so the scan starts there.
+    let position = Some(t0() - ChronoDuration::minutes(30));
     for (phase, index) in [
         (Phase::Reserve, "ix_bookings_reserve_expires_at"),
         (Phase::Booking, "ix_bookings_booking_expires_at"),
     ] {
-        let plan: Vec<Plan> =
-            diesel::sql_query(format!("EXPLAIN {}", bookings::lock_due_sql(phase)))
+        for after in [None, position] {
+            let lock = diesel::sql_query(format!("EXPLAIN {}", bookings::lock_due_sql(phase)))
                 .bind::<Timestamptz, _>(t0())
-                .bind::<diesel::sql_types::Array<SqlUuid>, _>(Vec::<Uuid>::new())
-                .bind::<diesel::sql_types::BigInt, _>(200_i64)
-                .load(&mut conn)
+                .bind::<Nullable<Timestamptz>, _>(after)
+                .bind::<Nullable<SqlUuid>, _>(after.map(|_| Uuid::nil()))
+                .bind::<BigInt, _>(200_i64)
+                .load::<Plan>(&mut conn)
                 .await
                 .unwrap();
-        let text: Vec<String> = plan.into_iter().map(|p| p.line).collect();
-        assert!(
-            text.iter().any(|l| l.contains(index)),
-            "{phase}: plan does not use {index}:\n{}",
-            text.join("\n")
-        );
-        assert!(
-            !text.iter().any(|l| l.contains("Seq Scan")),
-            "{}",
-            text.join("\n")
-        );
+            let count = diesel::sql_query(format!(
+                "EXPLAIN {}",
+                bookings::count_due_excluding_sql(phase)
+            ))
+            .bind::<Timestamptz, _>(t0())
+            .bind::<Nullable<Timestamptz>, _>(after)
+            .bind::<Nullable<SqlUuid>, _>(after.map(|_| Uuid::nil()))
+            .bind::<Array<SqlUuid>, _>(vec![Uuid::nil()])
+            .load::<Plan>(&mut conn)
+            .await
+            .unwrap();
+            for plan in [lock, count] {
+                let text: Vec<String> = plan.into_iter().map(|p| p.line).collect();
+                assert!(
+                    text.iter().any(|l| l.contains(index)),
+                    "{phase} {after:?}: plan does not use {index}:\n{}",
+                    text.join("\n")
+                );
+                assert!(
+                    !text.iter().any(|l| l.contains("Seq Scan")),
+                    "{}",
+                    text.join("\n")
+                );
+                if after.is_some() {
+                    assert!(
+                        text.iter()
+                            .any(|l| l.contains("Index Cond") && l.contains(">=")),
+                        "{phase}: the position is not an index condition:\n{}",
+                        text.join("\n")
+                    );
+                }
+            }
+        }
     }
     // The deadline wake-up's probe: one index probe on each partial index.
     let plan: Vec<Plan> = diesel::sql_query(format!("EXPLAIN {}", bookings::next_deadline_sql()))
@@ -506,7 +655,7 @@ async fn stale_version_is_not_written_and_gets_no_event() {
     db.insert(&booking).await;
     let mut conn = db.conn().await;
     let row = {
-        let rows = bookings::lock_due(&mut conn, Phase::Booking, as_of, 10, &[])
+        let rows = bookings::lock_due(&mut conn, Phase::Booking, as_of, None, 10)
             .await
             .unwrap();
         rows.into_iter().next().unwrap()

@@ -13,7 +13,6 @@ mod faults;
 mod java_consumer;
 mod kafka_cluster;
 mod kafka_tls;
-mod layering;
 mod live_migration;
 mod logging;
 mod outbox_parking;

@@ -9,7 +9,7 @@ use booking_expiration::domain::{Phase, RunId};
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, BigInt, Text, Timestamptz, Uuid as SqlUuid},
+    sql_types::{Array, BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid},
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::{Deserialize, Serialize};
@@ -118,12 +118,19 @@ async fn explain(
     as_of: DateTime<Utc>,
     limit: Option<i64>,
 ) -> Result<String> {
+    // `$2`, `$3`: the sweep's position, NULL for a sweep from the start.
     let query = diesel::sql_query(format!("EXPLAIN (ANALYZE, BUFFERS) {sql}"))
         .bind::<Timestamptz, _>(as_of)
-        .bind::<Array<SqlUuid>, _>(Vec::<Uuid>::new());
+        .bind::<Nullable<Timestamptz>, _>(None::<DateTime<Utc>>)
+        .bind::<Nullable<SqlUuid>, _>(None::<Uuid>);
     let lines: Vec<PlanLine> = match limit {
         Some(limit) => query.bind::<BigInt, _>(limit).load(conn).await?,
-        None => query.load(conn).await?,
+        None => {
+            query
+                .bind::<Array<SqlUuid>, _>(Vec::<Uuid>::new())
+                .load(conn)
+                .await?
+        }
     };
     Ok(lines
         .into_iter()

@@ -1,4 +1,5 @@
-//! The real expiry scheduler on a test database, with the system clock.
+//! The real expiry scheduler on a test database, with the system clock
+//! (or one the test gives it).
 
 use std::sync::Arc;
 
@@ -22,7 +23,11 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn start(db: &TestDb, settings: ExpirySettings) -> Self {
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        Self::start_with_clock(db, settings, Arc::new(SystemClock))
+    }
+
+    /// The scheduler with an instance clock of the test's own.
+    pub fn start_with_clock(db: &TestDb, settings: ExpirySettings, clock: Arc<dyn Clock>) -> Self {
         let context = TaskContext {
             health: Arc::new(Health::new(clock.now(), true, false)),
             ..TaskContext::new(db.pool.clone(), clock)
