@@ -14,10 +14,12 @@
 //!   phase's sweep position (poison rows passed over), the clock-skew
 //!   check, and the scheduler that repeats cycles at each tick and deadline
 //!   and probes for new deadlines while it sleeps.
-//! - [`outbox`]: the publisher (claim, produce, mark) behind the `Sink` seam
-//!   (rskafka, or in memory for tests), its upkeep tasks, and the
-//!   in-process TLS bridge that carries rskafka's connections for `SSL` and
-//!   `SASL_SSL` (docs/security.md).
+//! - [`outbox`]: the publisher, a per-partition pipeline (claim with a
+//!   lease, route to the partition's queue, produce, mark) behind two
+//!   seams, the broker's (`Transport`: rskafka, or scripted for tests) and
+//!   the database's (`Store`), its upkeep tasks, and the in-process TLS
+//!   bridge that carries rskafka's connections for `SSL` and `SASL_SSL`
+//!   (docs/security.md).
 //! - [`tls`]: what TLS to PostgreSQL and to Kafka share: the pure-Rust
 //!   crypto provider, the bundled roots, PEM files.
 //! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.
@@ -55,24 +57,19 @@
 //!
 //! ## Rooms of `db`
 //!
-//! 1. `migrate`, `privileges`, `replay`, `seed`, `outbox`
+//! 1. `migrate`, `privileges`, `replay`, `seed`
 //! 2. `bookings`, `pool`
-//! 3. `connect`
+//! 3. `connect`, `outbox`
 //! 4. `tls`
 //!
 //! ## Rooms of `outbox`
 //!
-//! A placeholder that matches today's files, for the publisher's rewrite
-//! to replace.
-//!
-//! 1. `publisher`
-//! 2. `maintenance`, `listener`, `memory`
-//! 3. `kafka`
-//! 4. `sink`
-//! 5. `held`, `backoff`
-//!
-//! Allowed against the order: `sink` -> `kafka` (the sink's error wraps
-//! `KafkaError`, which the Kafka sink defines).
+//! 1. `tests`
+//! 2. `publisher`
+//! 3. `pipeline`, `memory`, `kafka`, `maintenance`, `listener`
+//! 4. `queues`
+//! 5. `partition`
+//! 6. `store`, `report`, `timing`, `transport`, `backoff`
 //!
 //! ## Rooms of `config`
 //!

@@ -606,7 +606,6 @@ mod tests {
             "OUTBOX_BATCH_SIZE",
             "OUTBOX_POLL_INTERVAL",
             "OUTBOX_RETENTION",
-            "OUTBOX_CONCURRENCY",
             "METRICS_ADDR",
             "LIVENESS_WINDOW",
             "NO_WORKER",

@@ -36,7 +36,6 @@ pub const CE_SOURCE: &str = "/pin/crm/booking-expiration";
 
 pub const OUTBOX_BATCH_SIZE: u32 = 500;
 pub const OUTBOX_POLL_INTERVAL: Duration = Duration::from_secs(1);
-pub const OUTBOX_CONCURRENCY: u32 = 2;
 pub const OUTBOX_RETENTION: Duration = Duration::from_secs(24 * HOUR);
 
 pub const KAFKA_CLIENT_ID: &str = "booking-expiration";

@@ -25,12 +25,6 @@ pub struct PublisherSettings {
     #[arg(id = "OUTBOX_RETENTION", long = "outbox-retention", env = "OUTBOX_RETENTION",
           default_value = text!(defaults::OUTBOX_RETENTION), value_parser = parse::within(&ranges::OUTBOX_RETENTION))]
     pub retention: Duration,
-    /// Batches in flight at once while a backlog drains (each its own
-    /// transaction and pooled connection; SKIP LOCKED keeps them disjoint); 1 to 16.
-    #[arg(id = "OUTBOX_CONCURRENCY", long = "outbox-concurrency", env = "OUTBOX_CONCURRENCY",
-          default_value = text!(defaults::OUTBOX_CONCURRENCY),
-          value_parser = parse::count_within::<u32>(&ranges::OUTBOX_CONCURRENCY))]
-    pub concurrency: u32,
 }
 
 impl Default for PublisherSettings {
@@ -39,7 +33,6 @@ impl Default for PublisherSettings {
             batch_size: defaults::OUTBOX_BATCH_SIZE,
             poll_interval: defaults::OUTBOX_POLL_INTERVAL,
             retention: defaults::OUTBOX_RETENTION,
-            concurrency: defaults::OUTBOX_CONCURRENCY,
         }
     }
 }

@@ -182,9 +182,6 @@ pub const EXPIRATION_MAX_BATCHES_PER_CYCLE: Range<u64> =
 /// 300 bytes are 3 MB, past the brokers' default `message.max.bytes`.
 pub const OUTBOX_BATCH_SIZE: Range<u64> = count("OUTBOX_BATCH_SIZE", 1, 10_000);
 
-/// Each batch in flight holds a pooled connection and a transaction.
-pub const OUTBOX_CONCURRENCY: Range<u64> = count("OUTBOX_CONCURRENCY", 1, 16);
-
 /// Ceiling: Kafka's own guidance for partitions per broker.
 pub const KAFKA_TOPIC_PARTITIONS: Range<u64> = count("KAFKA_TOPIC_PARTITIONS", 1, 10_000);
 
@@ -219,12 +216,11 @@ pub const DURATIONS: [&Range<Duration>; 12] = [
 ];
 
 /// Every count setting's range.
-pub const COUNTS: [&Range<u64>; 11] = [
+pub const COUNTS: [&Range<u64>; 10] = [
     &DATABASE_POOL_SIZE,
     &EXPIRATION_BATCH_SIZE,
     &EXPIRATION_MAX_BATCHES_PER_CYCLE,
     &OUTBOX_BATCH_SIZE,
-    &OUTBOX_CONCURRENCY,
     &KAFKA_TOPIC_PARTITIONS,
     &KAFKA_REPLICATION_FACTOR,
     &REPUBLISH_BATCH_SIZE,

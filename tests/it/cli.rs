@@ -404,7 +404,6 @@ async fn run_starts_with_every_setting_at_the_top_of_its_range() {
         ("OUTBOX_BATCH_SIZE", "10000"),
         ("OUTBOX_POLL_INTERVAL", "10m"),
         ("OUTBOX_RETENTION", "365d"),
-        ("OUTBOX_CONCURRENCY", "16"),
         ("KAFKA_REQUEST_TIMEOUT", "10m"),
         ("KAFKA_TOPIC_PARTITIONS", "10000"),
         ("KAFKA_REPLICATION_FACTOR", "32"),
