@@ -9,6 +9,12 @@
 #   scripts/kafka.sh stop DIR                   TERM, up to 20 s, then KILL
 #   scripts/kafka.sh status DIR                 exit 0 if the broker of DIR runs
 #   scripts/kafka.sh create-topic PORT TOPIC PARTITIONS [TopicCommand args...]
+#   scripts/kafka.sh create-topic PORT TOPIC --replica-assignment LIST [TopicCommand args...]
+#                                               LIST as TopicCommand takes it, partitions by
+#                                               commas, each partition's nodes by colons, its
+#                                               preferred leader first (1:2,3:1,1:3: p0 on
+#                                               nodes 1 and 2 led by 1, ...); the partition
+#                                               count and replication factor come from LIST
 #   scripts/kafka.sh alter-topic-config PORT TOPIC KEY=VALUE[,KEY=VALUE...]
 #                                               set topic configs (ConfigCommand --add-config)
 #   scripts/kafka.sh list-topics PORT
@@ -41,6 +47,10 @@
 #   scripts/kafka.sh start-node DIR N           start node N again (same ports, same data,
 #                                               same profile); waits until it serves metadata
 #   scripts/kafka.sh launch-node DIR N          the same, but returns at once (no readiness wait)
+#   scripts/kafka.sh freeze DIR N               SIGSTOP node N (a GC pause, a stuck disk: its
+#                                               connections stay open, it answers nothing)
+#   scripts/kafka.sh thaw DIR N                 SIGCONT node N
+#   scripts/kafka.sh node-pid DIR N             the pid of node N's JVM
 #   scripts/kafka.sh plain-producer BOOTSTRAP TOPIC RATE ACKFILE WATCHFILE WATCH_TOPIC...
 #                                               a plain Java producer (acks=all, otherwise the
 #                                               client's defaults) and a leader/ISR watcher until
@@ -292,6 +302,7 @@ cmd_stop() {
     return 0
   fi
   kill -TERM "$pid" 2>/dev/null || true
+  kill -CONT "$pid" 2>/dev/null || true   # a frozen node (freeze) acts on the TERM only once thawed
   for (( i = 0; i < 100; i++ )); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.2
@@ -322,15 +333,23 @@ cmd_status() {
 cmd_create_topic() {
   [[ $# -ge 3 ]] || usage
   check_port "$1"
-  [[ "$3" =~ ^[0-9]+$ && "$3" -ge 1 ]] || die "bad partition count '$3'"
   ensure_libs
-  local port="$1" topic="$2" parts="$3"
-  shift 3
-  local rf=(--replication-factor 1)
-  [[ " $* " == *" --replication-factor "* ]] && rf=()   # the caller gave its own
+  local port="$1" topic="$2" layout
+  shift 2
+  if [[ "$1" == --replica-assignment ]]; then
+    # The count and the replication factor are the assignment's own.
+    [[ $# -ge 2 && "$2" =~ ^[0-9]+(:[0-9]+)*(,[0-9]+(:[0-9]+)*)*$ ]] || die "bad replica assignment '${2:-}'"
+    layout=(--replica-assignment "$2")
+    shift 2
+  else
+    [[ "$1" =~ ^[0-9]+$ && "$1" -ge 1 ]] || die "bad partition count '$1'"
+    layout=(--partitions "$1")
+    shift
+    [[ " $* " == *" --replication-factor "* ]] || layout+=(--replication-factor 1)   # unless the caller gave its own
+  fi
   kjava org.apache.kafka.tools.TopicCommand --bootstrap-server "127.0.0.1:$port" \
     --command-config "$KDIR/admin-client.properties" \
-    --create --if-not-exists --topic "$topic" --partitions "$parts" "${rf[@]}" "$@" </dev/null
+    --create --if-not-exists --topic "$topic" "${layout[@]}" "$@" </dev/null
 }
 
 cmd_add_partitions() {
@@ -499,6 +518,23 @@ cmd_stop_node() {
   cmd_stop "$(cluster_dir "$1")/node$2"
 }
 
+# freeze/thaw DIR N: SIGSTOP/SIGCONT of node N's JVM. A frozen node keeps its sockets
+# open and answers nothing: its peers see it only by their own timeouts.
+cmd_signal_node() { # SIGNAL DIR N
+  [[ $# -eq 3 ]] || usage
+  check_node "$3"
+  local pid
+  pid="$(pid_of "$(cluster_dir "$2")/node$3")" || die "node $3 of $2 is not running"
+  kill "-$1" "$pid"
+  log "node $3 (pid $pid) sent SIG$1"
+}
+
+cmd_node_pid() {
+  [[ $# -eq 2 ]] || usage
+  check_node "$2"
+  pid_of "$(cluster_dir "$1")/node$2" || die "node $2 of $1 is not running"
+}
+
 cmd_start_node() {
   [[ $# -eq 2 ]] || usage
   relaunch_node "$1" "$2" wait
@@ -602,6 +638,9 @@ main() {
     stop-node) cmd_stop_node "$@" ;;
     start-node) cmd_start_node "$@" ;;
     launch-node) cmd_launch_node "$@" ;;
+    freeze) cmd_signal_node STOP "$@" ;;
+    thaw) cmd_signal_node CONT "$@" ;;
+    node-pid) cmd_node_pid "$@" ;;
     plain-producer) cmd_plain_producer "$@" ;;
     classpath) [[ $# -eq 0 ]] || usage; ensure_libs; echo "$LIBS/*" ;;
     -h|--help|help) usage 0 ;;

@@ -310,6 +310,50 @@ impl Cluster {
         self.node_command("launch-node", node)
     }
 
+    /// SIGSTOP of node `node`: frozen, its connections open, answering
+    /// nothing (a long GC pause, a stuck disk). [`Cluster::thaw`] ends it;
+    /// stopping the cluster thaws it too.
+    pub fn freeze(&self, node: i32) -> Result<()> {
+        self.node_command("freeze", node)
+    }
+
+    /// SIGCONT of a node [`Cluster::freeze`] froze.
+    pub fn thaw(&self, node: i32) -> Result<()> {
+        self.node_command("thaw", node)
+    }
+
+    /// Creates `topic` with `min.insync.replicas=2` and an explicit replica
+    /// assignment: partition `p` on the nodes `assignment[p]`, its preferred
+    /// (first) leader first. The replication factor is the length of each
+    /// entry; partitions of two topics with the same assignment share
+    /// leaders and followers, so a fault hits both alike.
+    pub fn create_topic_assigned(&self, topic: &str, assignment: &[Vec<i32>]) -> Result<()> {
+        let list = assignment
+            .iter()
+            .map(|nodes| {
+                nodes
+                    .iter()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(":")
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        run_script(
+            "kafka.sh",
+            &[
+                "create-topic",
+                &self.ports[0].to_string(),
+                topic,
+                "--replica-assignment",
+                &list,
+                "--config",
+                "min.insync.replicas=2",
+            ],
+        )
+        .map(drop)
+    }
+
     /// Creates `topic` with replication factor 3 and `min.insync.replicas=2`.
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
         run_script(
