@@ -1075,6 +1075,135 @@ async fn three_brokers_under_faults() {
     );
 }
 
+/// What one claim of the worker costs now, as the pipeline asks it while
+/// partition 0 of `topic` (3 partitions) holds its share: the claim
+/// statement itself under `EXPLAIN (ANALYZE, BUFFERS)`, rolled back (the
+/// rows it leases for that moment are skipped by the worker's own claim).
+async fn claim_cost(db: &TestDb, topic: &str) -> String {
+    #[derive(QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    use diesel::sql_types::{Array, BigInt, Integer};
+    let mut conn = db.conn().await;
+    let none: Vec<String> = Vec::new();
+    let _ = diesel::sql_query("BEGIN").execute(&mut conn).await;
+    let plan: Result<Vec<Plan>, _> = diesel::sql_query(format!(
+        "EXPLAIN (ANALYZE, BUFFERS) {}",
+        db::outbox::claim_sql()
+    ))
+    .bind::<BigInt, _>(500_i64)
+    .bind::<BigInt, _>(15_000_i64)
+    .bind::<Array<Text>, _>(&none)
+    .bind::<Array<Text>, _>(vec![topic.to_owned()])
+    .bind::<Array<Integer>, _>(vec![3])
+    .bind::<Array<Integer>, _>(vec![0])
+    .load(&mut conn)
+    .await;
+    let _ = diesel::sql_query("ROLLBACK").execute(&mut conn).await;
+    let Ok(plan) = plan else {
+        return format!("EXPLAIN failed: {:?}", plan.err());
+    };
+    let field = |prefix: &str| -> Vec<String> {
+        plan.iter()
+            .filter_map(|p| {
+                let at = p.line.find(prefix)?;
+                Some(p.line[at + prefix.len()..].trim().to_owned())
+            })
+            .collect()
+    };
+    let removed: u64 = field("Rows Removed by Filter:")
+        .iter()
+        .filter_map(|n| n.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0);
+    // "Update on … (actual time=… rows=N loops=1)": the rows claimed.
+    let claimed = plan
+        .iter()
+        .next()
+        .and_then(|p| p.line.split("actual").nth(1))
+        .and_then(|a| a.split("rows=").nth(1))
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("?")
+        .to_owned();
+    format!(
+        "{claimed} rows claimed, {removed} passed over, {}, buffers {}",
+        field("Execution Time:")
+            .iter()
+            .next()
+            .cloned()
+            .unwrap_or_default(),
+        field("Buffers:").into_iter().next().unwrap_or_default(),
+    )
+}
+
+/// CPU time (clock ticks, 1/100 s) of the PostgreSQL server of `db` so
+/// far: its postmaster and the children alive now (the worker's pooled
+/// connections live as long as it does).
+async fn pg_cpu_ticks(db: &TestDb) -> u64 {
+    let dir = db
+        .names("SELECT current_setting('data_directory') AS name")
+        .await;
+    let Some(pid) = dir.iter().next().and_then(|d| {
+        std::fs::read_to_string(format!("{d}/postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse::<u32>()
+            .ok()
+    }) else {
+        return 0;
+    };
+    let mut ticks = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid … utime stime: fields after the comm's ')'.
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, r)| r) else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let this: u32 = entry.file_name().to_string_lossy().parse().unwrap_or(0);
+        let ppid: u32 = fields.get(1).and_then(|f| f.parse().ok()).unwrap_or(0);
+        if this == pid || ppid == pid {
+            let cpu = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            ticks += cpu(11) + cpu(12);
+        }
+    }
+    ticks
+}
+
+/// CPU time (clock ticks) of process `pid` so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let cpu = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    cpu(11) + cpu(12)
+}
+
+/// CPU use in percent of one core from `ticks` over `ms` milliseconds.
+fn cpu_pct(ticks: u64, ms: i64) -> String {
+    format!("{:.0}%", ticks as f64 * 1000.0 / ms.max(1) as f64)
+}
+
 /// The worker's log lines at WARN or ERROR (JSON or text format).
 fn warn_error_lines(log: &str) -> usize {
     log.lines()
@@ -1559,10 +1688,13 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     flow.wait_published(2_000, Duration::from_secs(60)).await;
     let pid = flow.running.child.id();
     let quiet_from = now_ms();
+    let (pg_quiet, worker_quiet) = (pg_cpu_ticks(&flow.db).await, cpu_ticks(pid));
     // Deliberate fault timing: some publishing without a fault, to compare.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut faults = Faults::default();
     let from = now_ms();
+    let (pg_from, worker_from) = (pg_cpu_ticks(&flow.db).await, cpu_ticks(pid));
+    let claim_before = claim_cost(&flow.db, &flow.topic).await;
     let rss_before = rss_kib(pid).unwrap_or_default();
     let t = Instant::now();
     blocking(|| cluster.stop_node(P0_FOLLOWER));
@@ -1575,8 +1707,13 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     ));
     let rss = RssSampler::start(pid);
     let published_at_stop = flow.published_count().await;
+    let (pg_stopped, worker_stopped) = (pg_cpu_ticks(&flow.db).await, cpu_ticks(pid));
     // The scenario's definition: unwritable this long.
+    sleep_until_ms(stopped + UNWRITABLE_FOR.as_millis() as i64 - 2_000).await;
+    let claim_late = claim_cost(&flow.db, &flow.topic).await;
     sleep_until_ms(stopped + UNWRITABLE_FOR.as_millis() as i64).await;
+    let (pg_late, worker_late) = (pg_cpu_ticks(&flow.db).await, cpu_ticks(pid));
+    let late = now_ms();
     let samples = rss.stop();
     let published_in_outage = flow.published_count().await - published_at_stop;
     let waiting = due - flow.published_count().await;
@@ -1622,6 +1759,14 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     report.line(format!(
         "{NAME}: partition 0 as the watcher saw it: {}",
         render_timeline(&fin.timelines, &fin.topic, 0, from, end)
+    ));
+    report.line(format!(
+        "{NAME}: CPU of PostgreSQL / of the worker: {} / {} in the 3 s before, {} / {} during the outage; \
+         one claim (partition 0 left out) before the stop: {claim_before}; 2 s before the end: {claim_late}",
+        cpu_pct(pg_from.saturating_sub(pg_quiet), from - quiet_from),
+        cpu_pct(worker_from.saturating_sub(worker_quiet), from - quiet_from),
+        cpu_pct(pg_late.saturating_sub(pg_stopped), late - stopped),
+        cpu_pct(worker_late.saturating_sub(worker_stopped), late - stopped),
     ));
     report.line(format!(
         "{NAME}: during the outage the worker published {published_in_outage} rows \
