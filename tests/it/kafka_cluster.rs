@@ -201,8 +201,14 @@ impl Flow {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let topic = format!("cluster-{id}");
         let java_topic = format!("plain-{id}");
-        blocking(|| cluster.create_topic_assigned(&topic, layout));
-        blocking(|| cluster.create_topic_assigned(&java_topic, layout));
+        // The worker's records carry the broker's append time: its
+        // acknowledgement times on the topic itself.
+        let configs = [
+            "min.insync.replicas=2",
+            "message.timestamp.type=LogAppendTime",
+        ];
+        blocking(|| cluster.create_topic_assigned(&topic, layout, &configs));
+        blocking(|| cluster.create_topic_assigned(&java_topic, layout, &configs));
         let mut java = blocking(|| {
             PlainProducer::start(
                 &cluster.bootstrap(),
@@ -397,6 +403,9 @@ fn run_command(
 /// A record as Kafka's Java consumer read it (`scripts/kafka.sh consume`).
 struct Dumped {
     partition: i32,
+    /// The broker's append time (epoch ms; the topics have
+    /// `message.timestamp.type=LogAppendTime`).
+    timestamp: i64,
     key: String,
     /// Base64, as dumped: equal text, equal bytes.
     value: String,
@@ -433,6 +442,7 @@ fn dump_topic(cluster: &Cluster, topic: &str) -> Vec<Dumped> {
             let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
             Dumped {
                 partition: v["partition"].as_i64().expect("partition") as i32,
+                timestamp: v["timestamp"].as_i64().expect("timestamp"),
                 key: v["key"].as_str().expect("a UTF-8 key").to_owned(),
                 value: v["value"].as_str().unwrap_or_default().to_owned(),
                 ce_id: v["headers"]["ce_id"].as_str().map(str::to_owned),
@@ -450,6 +460,9 @@ struct Checked {
     most_copies: usize,
     /// Each key's partition.
     partition_of: HashMap<String, i32>,
+    /// Per partition, the append times of every record (duplicates too),
+    /// in order: the worker's acknowledgement times on the topic.
+    appended: Acks,
 }
 
 impl Checked {
@@ -506,11 +519,19 @@ fn check_topic(
         }
         partition_of.insert(key.clone(), copies[0].partition);
     }
+    let mut appended: Acks = BTreeMap::new();
+    for r in &records {
+        appended.entry(r.partition).or_default().push(r.timestamp);
+    }
+    for times in appended.values_mut() {
+        times.sort_unstable();
+    }
     Checked {
         records: records.len(),
         duplicates: records.len() - due as usize,
         most_copies: by_key.values().map(Vec::len).max().unwrap_or(0),
         partition_of,
+        appended,
     }
 }
 
@@ -1339,8 +1360,8 @@ async fn leader_killed(cluster: &Cluster, files: &Path, report: &mut Report) {
     let fin = flow.finish().await;
     wait_in_sync(cluster, &fin.topic, Duration::from_secs(120)).await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
-    let worker_acks = acks_by_partition(&Flow::published_of(&fin.db).await, &checked.partition_of);
-    let (w, j) = both(&fin, &worker_acks, &faults, (killed_at, to));
+    let worker_acks = &checked.appended;
+    let (w, j) = both(&fin, worker_acks, &faults, (killed_at, to));
     report.step(
         &format!(
             "kill -9 of leader node {leader} ({left} of {due} rows to publish; out of every \
@@ -1416,10 +1437,10 @@ async fn rolling_restart(cluster: &Cluster, files: &Path, report: &mut Report) {
     let end = synced_at.max(now_ms());
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
-    let worker_acks = acks_by_partition(&Flow::published_of(&fin.db).await, &checked.partition_of);
+    let worker_acks = &checked.appended;
     for (i, (node, from, stop_took, left)) in steps.iter().enumerate() {
         let to = steps.get(i + 1).map_or(end, |s| s.1);
-        let (w, j) = both(&fin, &worker_acks, &faults, (*from, to));
+        let (w, j) = both(&fin, worker_acks, &faults, (*from, to));
         report.step(
             &format!(
                 "rolling node {node} (shutdown took {}, {left} rows left at its relaunch, step {})",
@@ -1433,7 +1454,7 @@ async fn rolling_restart(cluster: &Cluster, files: &Path, report: &mut Report) {
     }
     let (w, j) = both(
         &fin,
-        &worker_acks,
+        worker_acks,
         &Faults::default(),
         (quiet_from, steps[0].1),
     );
@@ -1519,8 +1540,8 @@ async fn two_brokers_down(cluster: &Cluster, files: &Path, report: &mut Report) 
     let end = synced_at.max(now_ms());
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
-    let worker_acks = acks_by_partition(&Flow::published_of(&fin.db).await, &checked.partition_of);
-    let (w, j) = both(&fin, &worker_acks, &faults, (from, end));
+    let worker_acks = &checked.appended;
+    let (w, j) = both(&fin, worker_acks, &faults, (from, end));
     report.step(
         &format!(
             "two brokers down (outage {}, {} rows waiting, both launched again)",
@@ -1637,9 +1658,11 @@ fn render_timeline(
     shown.join("; ")
 }
 
-/// Prints the longest gaps in what the expiry wrote per partition
-/// (`created_at`) in the step `window`: a publishing gap with no writing
-/// gap under it is the publisher's.
+/// Prints, for the step `window`, the longest gaps per partition in what
+/// the expiry wrote (`created_at`: a publishing gap with no writing gap
+/// under it is the publisher's) and in what the outbox marked published
+/// (`published_at`: the database round after the acknowledgement, so
+/// later than the broker's append by as long as the round in flight took).
 fn written_line(
     report: &mut Report,
     name: &str,
@@ -1648,18 +1671,16 @@ fn written_line(
     checked: &Checked,
     window: (i64, i64),
 ) {
+    let no_faults = Faults::default();
     let written = written_by_partition(published, &checked.partition_of);
-    let figures = measure(
-        &written,
-        &fin.timelines,
-        &fin.topic,
-        &Faults::default(),
-        window,
-    );
+    let written = measure(&written, &fin.timelines, &fin.topic, &no_faults, window);
+    let marked = acks_by_partition(published, &checked.partition_of);
+    let marked = measure(&marked, &fin.timelines, &fin.topic, &no_faults, window);
     report.line(format!(
-        "{name}: rows the expiry wrote, longest gap on the topic {}, per partition {}",
-        secs2(figures.topic_gap),
-        render_gaps(&figures)
+        "{name}: longest gaps per partition in the rows the expiry wrote: {}; \
+         in the rows marked published: {}",
+        render_gaps(&written),
+        render_gaps(&marked)
     ));
 }
 
@@ -1736,8 +1757,8 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
     let published = Flow::published_of(&fin.db).await;
-    let worker_acks = acks_by_partition(&published, &checked.partition_of);
-    let (w, j) = both(&fin, &worker_acks, &faults, (from, end));
+    let worker_acks = &checked.appended;
+    let (w, j) = both(&fin, worker_acks, &faults, (from, end));
     written_line(report, NAME, &fin, &published, &checked, (from, end));
     report.step(
         &format!(
@@ -1750,7 +1771,7 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
         &j,
         GapGoal::Partitions,
     );
-    let (qw, qj) = both(&fin, &worker_acks, &Faults::default(), (quiet_from, from));
+    let (qw, qj) = both(&fin, worker_acks, &Faults::default(), (quiet_from, from));
     report.line(format!(
         "{NAME}: in the 3 s before, without a fault: partition gaps worker {}, java {}",
         render_gaps(&qw),
@@ -1864,8 +1885,8 @@ async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
     let published = Flow::published_of(&fin.db).await;
-    let worker_acks = acks_by_partition(&published, &checked.partition_of);
-    let (w, j) = both(&fin, &worker_acks, &faults, (from, end));
+    let worker_acks = &checked.appended;
+    let (w, j) = both(&fin, worker_acks, &faults, (from, end));
     written_line(report, NAME, &fin, &published, &checked, (from, end));
     report.step(
         &format!(

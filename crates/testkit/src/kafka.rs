@@ -322,12 +322,17 @@ impl Cluster {
         self.node_command("thaw", node)
     }
 
-    /// Creates `topic` with `min.insync.replicas=2` and an explicit replica
-    /// assignment: partition `p` on the nodes `assignment[p]`, its preferred
-    /// (first) leader first. The replication factor is the length of each
-    /// entry; partitions of two topics with the same assignment share
-    /// leaders and followers, so a fault hits both alike.
-    pub fn create_topic_assigned(&self, topic: &str, assignment: &[Vec<i32>]) -> Result<()> {
+    /// Creates `topic` with an explicit replica assignment: partition `p` on
+    /// the nodes `assignment[p]`, its preferred leader first, and the topic
+    /// configs `configs` (`KEY=VALUE`). The replication factor is the length
+    /// of each entry; partitions of two topics with the same assignment
+    /// share leaders and followers, so a fault hits both alike.
+    pub fn create_topic_assigned(
+        &self,
+        topic: &str,
+        assignment: &[Vec<i32>],
+        configs: &[&str],
+    ) -> Result<()> {
         let list = assignment
             .iter()
             .map(|nodes| {
@@ -339,19 +344,12 @@ impl Cluster {
             })
             .collect::<Vec<_>>()
             .join(",");
-        run_script(
-            "kafka.sh",
-            &[
-                "create-topic",
-                &self.ports[0].to_string(),
-                topic,
-                "--replica-assignment",
-                &list,
-                "--config",
-                "min.insync.replicas=2",
-            ],
-        )
-        .map(drop)
+        let port = self.ports[0].to_string();
+        let mut args = vec!["create-topic", &port, topic, "--replica-assignment", &list];
+        for config in configs {
+            args.extend(["--config", config]);
+        }
+        run_script("kafka.sh", &args).map(drop)
     }
 
     /// Creates `topic` with replication factor 3 and `min.insync.replicas=2`.
