@@ -152,6 +152,11 @@ struct Published {
     /// When the expiry wrote the row.
     #[diesel(sql_type = Timestamptz)]
     created_at: DateTime<Utc>,
+    /// When its lease was last taken or renewed (`claimed_until` less the
+    /// lease): for a row published within half a lease, when the publisher
+    /// claimed it.
+    #[diesel(sql_type = Timestamptz)]
+    claimed_at: DateTime<Utc>,
 }
 
 fn now_ms() -> i64 {
@@ -1159,6 +1164,85 @@ async fn claim_cost(db: &TestDb, topic: &str) -> String {
     )
 }
 
+/// The statements running in the database of `db`, sampled from
+/// `pg_stat_activity` every 100 ms by a task of its own until
+/// [`Activity::stop`]: what the worker's database rounds and expiry
+/// cycles were doing around a fault.
+struct Activity {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Vec<SeenStatement>>,
+}
+
+/// One statement seen running: backend, start (epoch ms), last seen
+/// running (epoch ms), its first characters.
+#[derive(Debug, Clone, QueryableByName)]
+struct SeenStatement {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pid: i32,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    started: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    at: i64,
+    #[diesel(sql_type = Text)]
+    query: String,
+}
+
+impl Activity {
+    async fn start(db: &TestDb) -> Self {
+        let mut conn = db.conn().await;
+        let stop = tokio_util::sync::CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut seen: Vec<SeenStatement> = Vec::new();
+            while !token.is_cancelled() {
+                let rows: Vec<SeenStatement> = diesel::sql_query(
+                    "SELECT pid, (extract(epoch FROM query_start) * 1000)::bigint AS started, \
+                            (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS at, \
+                            left(regexp_replace(query, '\\s+', ' ', 'g'), 70) AS query \
+                       FROM pg_stat_activity \
+                      WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                        AND state = 'active' AND query_start IS NOT NULL",
+                )
+                .load(&mut conn)
+                .await
+                .unwrap_or_default();
+                for row in rows {
+                    match seen
+                        .iter_mut()
+                        .find(|s| s.pid == row.pid && s.started == row.started)
+                    {
+                        Some(s) => s.at = row.at,
+                        None => seen.push(row),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            seen
+        });
+        Self { stop, task }
+    }
+
+    /// The `n` longest statements seen, as "+OFFSET LASTED QUERY" with the
+    /// offset from `from`.
+    async fn stop(self, from: i64, n: usize) -> String {
+        self.stop.cancel();
+        let mut seen = self.task.await.unwrap_or_default();
+        seen.sort_by_key(|s| std::cmp::Reverse(s.at - s.started));
+        seen.iter()
+            .take(n)
+            .map(|s| {
+                format!(
+                    "+{} {} {}",
+                    secs(ms(s.started - from)),
+                    secs2(ms(s.at - s.started)),
+                    s.query
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+}
+
 /// CPU time (clock ticks, 1/100 s) of the PostgreSQL server of `db` so
 /// far: its postmaster and the children alive now (the worker's pooled
 /// connections live as long as it does).
@@ -1383,9 +1467,12 @@ impl Flow {
     async fn published_of(db: &TestDb) -> Vec<Published> {
         let mut conn = db.conn().await;
         diesel::sql_query(
-            "SELECT message_key, published_at, created_at FROM booking_expiration_outbox \
-             WHERE published_at IS NOT NULL ORDER BY published_at",
+            "SELECT message_key, published_at, created_at, \
+                    coalesce(claimed_until - $1 * interval '1 millisecond', published_at) AS claimed_at \
+               FROM booking_expiration_outbox \
+              WHERE published_at IS NOT NULL ORDER BY published_at",
         )
+        .bind::<diesel::sql_types::BigInt, _>(Timing::default().lease.as_millis() as i64)
         .load(&mut conn)
         .await
         .expect("published rows")
@@ -1676,10 +1763,13 @@ fn written_line(
     let written = measure(&written, &fin.timelines, &fin.topic, &no_faults, window);
     let marked = acks_by_partition(published, &checked.partition_of);
     let marked = measure(&marked, &fin.timelines, &fin.topic, &no_faults, window);
+    let claimed = by_partition(published, &checked.partition_of, |p| p.claimed_at);
+    let claimed = measure(&claimed, &fin.timelines, &fin.topic, &no_faults, window);
     report.line(format!(
         "{name}: longest gaps per partition in the rows the expiry wrote: {}; \
-         in the rows marked published: {}",
+         in the rows claimed (last lease taken): {}; in the rows marked published: {}",
         render_gaps(&written),
+        render_gaps(&claimed),
         render_gaps(&marked)
     ));
 }
@@ -1739,6 +1829,7 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     let published_in_outage = flow.published_count().await - published_at_stop;
     let waiting = due - flow.published_count().await;
     let errors = produce_error_codes(&flow.metrics_addr).await;
+    let activity = Activity::start(&flow.db).await;
     let launched = now_ms();
     blocking(|| cluster.launch_node(P0_FOLLOWER));
     faults.up(P0_FOLLOWER, launched);
@@ -1754,6 +1845,7 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     // moment; a second covers it).
     tokio::time::sleep(Duration::from_secs(2)).await;
     let end = now_ms();
+    let statements = activity.stop(from, 8).await;
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
     let published = Flow::published_of(&fin.db).await;
@@ -1780,6 +1872,9 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     report.line(format!(
         "{NAME}: partition 0 as the watcher saw it: {}",
         render_timeline(&fin.timelines, &fin.topic, 0, from, end)
+    ));
+    report.line(format!(
+        "{NAME}: the longest statements from the launch on: {statements}"
     ));
     report.line(format!(
         "{NAME}: CPU of PostgreSQL / of the worker: {} / {} in the 3 s before, {} / {} during the outage; \
@@ -1868,6 +1963,7 @@ async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report
     // The scenario's definition: frozen this long.
     sleep_until_ms(frozen + FROZEN_FOR.as_millis() as i64).await;
     let published_frozen = flow.published_count().await - published_at_freeze;
+    let activity = Activity::start(&flow.db).await;
     blocking(|| cluster.thaw(P0_FOLLOWER));
     let thawed = now_ms();
     faults.up(P0_FOLLOWER, thawed);
@@ -1881,6 +1977,7 @@ async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let end = now_ms();
+    let statements = activity.stop(from, 8).await;
     let errors = produce_error_codes(&flow.metrics_addr).await;
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
@@ -1901,6 +1998,9 @@ async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report
     report.line(format!(
         "{NAME}: partition 0 as the watcher saw it: {}",
         render_timeline(&fin.timelines, &fin.topic, 0, from, end)
+    ));
+    report.line(format!(
+        "{NAME}: the longest statements from the thaw on: {statements}"
     ));
     report.line(format!(
         "{NAME}: while frozen the worker published {published_frozen} rows; produce errors {errors:?}; \
