@@ -1944,7 +1944,7 @@ async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report
         cluster,
         files,
         &p0_alone_layout(),
-        FROZEN_FOR + Duration::from_secs(35),
+        FROZEN_FOR + Duration::from_secs(20),
     )
     .await;
     let due = flow.due;
