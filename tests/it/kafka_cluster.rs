@@ -1,66 +1,120 @@
-//! Faults of a real three-broker Kafka cluster (KRaft, replication factor
-//! 3, `min.insync.replicas=2`, acks = all) while the `run` binary expires
-//! and publishes bookings falling due at about 1,200 a second: a leader
-//! killed with `kill -9`, a rolling restart with controlled shutdown, two
-//! brokers down (NOT_ENOUGH_REPLICAS) and both started again, partitions
-//! added. The scenarios run twice over, on two clusters one after the
-//! other (issue #26): a `tuned` one (`broker.session.timeout.ms=6000`,
-//! `broker.heartbeat.interval.ms=1000`, `replica.lag.time.max.ms=5000`)
-//! and one with Kafka's `defaults` for those three (partitions added: tuned
-//! only). Restart steps do not wait for the replicas to catch up: a
-//! rolling step is SIGTERM (until the node exited), the node launched
-//! again 2 s later without waiting for it, the next node 4 s after that.
+//! Faults of a real three-broker Kafka cluster (KRaft, `min.insync.replicas=2`,
+//! acks = all) while the `run` binary expires and publishes bookings
+//! falling due at about 1,200 a second. The scenarios run on two clusters
+//! one after the other (issue #26): a `tuned` one
+//! (`broker.session.timeout.ms=6000`, `broker.heartbeat.interval.ms=1000`,
+//! `replica.lag.time.max.ms=5000`) and one with Kafka's `defaults` for
+//! those three.
+//!
+//! - Both clusters: a leader killed with `kill -9`; a rolling restart with
+//!   controlled shutdown (SIGTERM until the node exited, the node launched
+//!   again 2 s later without waiting for it, the next node 4 s after that);
+//!   two brokers down (NOT_ENOUGH_REPLICAS) for about 10 s and both
+//!   launched again. Topics of replication factor 3, partition `p` led by
+//!   node `p + 1` ([`rf3_layout`]).
+//! - Tuned only: partitions added; the `run` process killed with `kill -9`
+//!   while it publishes and a new one started (nothing lost; the broker
+//!   timing plays no part in it).
+//! - Defaults only, the issue's two scenarios of one partition (#32), on a
+//!   topic of replication factor 2 whose partition 0 alone depends on node
+//!   2 ([`p0_alone_layout`]): **one partition unwritable**, node 2 stopped
+//!   with SIGTERM for 60 s then started again (partition 0 refuses writes
+//!   with NOT_ENOUGH_REPLICAS while 1 and 2 keep both in-sync replicas);
+//!   **one partition slow**, node 2 frozen with SIGSTOP for 25 s then
+//!   thawed. (Frozen, node 2 stops heartbeating too: the controller fences
+//!   it after `broker.session.timeout.ms`, 9 s, and that takes it out of
+//!   the ISR well before `replica.lag.time.max.ms`, 30 s, would. So
+//!   partition 0's acks=all requests wait about 9 s, then the partition has
+//!   too few in-sync replicas until the thaw; the watcher's timeline of
+//!   partition 0 is printed.)
 //!
 //! Each scenario checks the same invariant — every booking on the topic,
 //! duplicates only with the same `ce_id` and bytes, each record on the
 //! partition Kafka's Java client would choose — and measures publishing
-//! against the issue's goals, for the worker and, side by side, for a plain
-//! Java producer (`scripts/kafka/PlainProducer.java`: acks=all, the
-//! client's defaults, about 1,000 records a second to a topic of its own)
-//! running in the same scenario. Acknowledgement times: the outbox's
-//! `published_at` for the worker, the Java callback's clock for the Java
-//! client. Per step and client: the longest gap between two
-//! acknowledgements on the topic and on each partition, and per partition
-//! "resumed after writable": the first acknowledgement after the partition
-//! became writable again minus that moment. Writable is read from the
-//! cluster itself — the Java program's watcher describes both topics every
-//! 100 ms (leader and ISR) — combined with what the test knows about its
-//! own faults: a leader >= 0 that is alive, at least 2 replicas in the ISR
-//! and no dead node among them (a dead follower still in the ISR blocks
-//! acks=all writes until the ISR shrinks). A node counts as dead from its
-//! kill (`kill -9`) or from the moment its controlled shutdown finished
-//! (SIGTERM) until it is launched again. The watcher's timestamps are when
-//! the describe that saw a change was sent: up to about 100 ms after the
-//! cluster made it.
+//! for the worker and, side by side, for a plain Java producer
+//! (`scripts/kafka/PlainProducer.java`: acks=all, the client's defaults,
+//! about 1,000 records a second to a topic of its own) running in the same
+//! scenario. Both topics of a scenario get the same explicit replica
+//! assignment, so partition `p` of each has the same leader and followers
+//! and a fault hits both alike: the Java figure of partition `p` is the
+//! yardstick of the worker's partition `p`.
 //!
-//! Goals, asserted for the worker only, without slack (all figures are
-//! printed first, `FIGURES kafka-cluster[PROFILE]: …`, for both clients):
-//! per step, if every partition stayed writable the whole step the longest
-//! gap between records on the topic (the issue's measure) is < 1 s; a
-//! partition that was not writable at some point (a killed leader before
-//! the new one's election, a dead follower still in the ISR, fewer than
-//! `min.insync.replicas` in sync) publishes again < 1 s after each moment
-//! it became writable again. A goal the Java producer missed in the same
-//! step too is bound by the cluster (a newly elected leader acknowledged
-//! its first writes 1.26 s late for both clients in one run): that miss is
-//! printed, not counted; whatever the Java client met, the worker must
-//! meet. Per-partition gaps are printed for both
-//! clients, not asserted: a partition whose new leader waits for a
-//! follower that restarted seconds before acknowledges late for any
-//! client (the Java producer's too stalled 1.2–1.3 s there). A writable-again
-//! moment after the worker published its last row does not count (nothing
-//! was left to publish).
+//! Acknowledgement times: for the worker, the broker's append time (its
+//! topics have `message.timestamp.type=LogAppendTime`; with acks=all a
+//! record on a writable partition is acknowledged a replication round trip
+//! after its append), for the Java client its callback's clock. The
+//! outbox's `published_at` comes later than the append, at the database
+//! round after the acknowledgement, by as long as the round in flight
+//! takes; the one-partition scenarios print its gaps beside the append's,
+//! with those of `created_at` (what the expiry wrote: a publishing gap
+//! without a writing gap under it is the publisher's) and of the claim
+//! times (`claimed_until` less the lease).
+//!
+//! Per step and client: the longest gap between two acknowledgements on
+//! the topic and on each partition (a gap that straddles the step's bounds
+//! counts only its part inside), and per partition "resumed after
+//! writable": the first acknowledgement after the partition became writable
+//! again minus that moment. Writable is read from the cluster itself — the
+//! Java program's watcher describes both topics every 100 ms (leader and
+//! ISR) — combined with what the test knows about its own faults: a leader
+//! >= 0 that is alive, at least 2 replicas in the ISR and no dead node
+//! among them (a dead follower still in the ISR blocks acks=all writes
+//! until the ISR shrinks). A node counts as dead from its kill (`kill -9`),
+//! from the moment its controlled shutdown finished (SIGTERM) or from its
+//! freeze (SIGSTOP) until it is launched again or thawed. The watcher's
+//! timestamps are when the describe that saw a change was sent: up to about
+//! 100 ms after the cluster made it (the measure favours both clients
+//! alike).
+//!
+//! Goals, asserted for the worker (every figure is printed first,
+//! `FIGURES kafka-cluster[PROFILE]: …`, for both clients):
+//! - while every partition stays writable during a step of a fault of the
+//!   whole cluster (a rolling step), the longest gap on the topic (the
+//!   issue's measure there) is < 1 s ([`GapGoal::Topic`]);
+//! - in a fault of one partition, each partition that stayed writable (a
+//!   healthy one) never stalls 1 s ([`GapGoal::Partitions`]);
+//! - a partition that was not writable at some point publishes again < 1 s
+//!   after each moment it became writable again (a moment after the worker
+//!   published its last row does not count: nothing was left);
+//! - one partition unwritable or slow: no event written more than twice;
+//!   unwritable: the worker's resident memory flat (`VmRSS` of
+//!   `/proc/PID/status` every 500 ms; the last sample of the minute at most
+//!   5 MiB above the first one 10 s into it, when partition 0's queue holds
+//!   its share of rows);
+//! - `kill -9` of the worker: nothing lost.
+//!
+//! The excuse rule ([`Miss::excused`]): a worker miss is not counted only
+//! when the Java producer, on the same partition (or the topic, for the
+//! topic's gap) in the same step, missed the same goal too — its
+//! writable-again moment within a second of the worker's — and the
+//! worker's figure is at most [`EXCUSE`], 0.5 s, above the Java one. Such a
+//! miss is the cluster's (a newly elected leader acknowledged its first
+//! writes 1.26 s late for both clients in one run): both clients' requests
+//! wait on the same broker, and what is left between their figures is how
+//! each is taken (append time against callback) and the scheduling of two
+//! processes on a busy 2-core machine. 0.5 s covers the worker-minus-Java
+//! difference of the resume figures measured on this machine (−1.27 to
+//! +0.41 s over 27 writable-again moments of four runs, December 2026,
+//! load average about 19): a worker more than that above a Java figure
+//! that already missed is slower than the cluster, and counted. The rule
+//! does not apply to a healthy partition's gap ([`GapGoal::Partitions`]):
+//! the cluster kept it writable, so no stall there is the cluster's (the
+//! Java producer's own can be long: its one request per broker carries
+//! every partition that broker leads, and partition 2, led by node 1 like
+//! partition 0, waits with partition 0's).
 //!
 //! One cluster at a time (a third of a minute or more to start on 2
 //! cores), stopped when its scenarios end, also on failure. Everything
 //! runs in one test so that no other test shares the cluster's faults and
 //! two clusters never run at once. `KAFKA_CLUSTER_SCENARIOS=kill,rolling,
-//! down,partitions` and `KAFKA_CLUSTER_PROFILES=tuned,defaults` limit what
-//! runs; `KAFKA_CLUSTER_LOG_DIR=…` keeps the worker's, the brokers' and the
-//! watcher's logs there. The test is `#[ignore]`d in the parallel suite
-//! (its goals are sub-second timings); `scripts/test.sh` runs it alone
-//! after the suite. By hand: `bash scripts/test.sh --test it kafka_cluster
-//! -- --include-ignored --nocapture`.
+//! down,partitions,worker-kill,unwritable,slow` and
+//! `KAFKA_CLUSTER_PROFILES=tuned,defaults` limit what runs;
+//! `KAFKA_CLUSTER_LOG_DIR=…` keeps the worker's, the brokers' and the
+//! watcher's logs there, `KAFKA_CLUSTER_RUST_LOG` sets the worker's
+//! `RUST_LOG`. The test is `#[ignore]`d in the parallel suite (its goals
+//! are sub-second timings); `scripts/test.sh` runs it alone after the
+//! suite. By hand: `bash scripts/test.sh --test it kafka_cluster --
+//! --include-ignored --nocapture`.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
