@@ -56,8 +56,8 @@
 //! writable": the first acknowledgement after the partition became writable
 //! again minus that moment. Writable is read from the cluster itself — the
 //! Java program's watcher describes both topics every 100 ms (leader and
-//! ISR) — combined with what the test knows about its own faults: a leader
-//! >= 0 that is alive, at least 2 replicas in the ISR and no dead node
+//! ISR) — combined with what the test knows about its own faults: a
+//! leader that is alive, at least 2 replicas in the ISR and no dead node
 //! among them (a dead follower still in the ISR blocks acks=all writes
 //! until the ISR shrinks). A node counts as dead from its kill (`kill -9`),
 //! from the moment its controlled shutdown finished (SIGTERM) or from its
@@ -1199,9 +1199,7 @@ async fn claim_cost(db: &TestDb, topic: &str) -> String {
         .max()
         .unwrap_or(0);
     // "Update on … (actual time=… rows=N loops=1)": the rows claimed.
-    let claimed = plan
-        .iter()
-        .next()
+    let claimed = <[_]>::first(&plan)
         .and_then(|p| p.line.split("actual").nth(1))
         .and_then(|a| a.split("rows=").nth(1))
         .and_then(|r| r.split_whitespace().next())
@@ -1209,9 +1207,7 @@ async fn claim_cost(db: &TestDb, topic: &str) -> String {
         .to_owned();
     format!(
         "{claimed} rows claimed, {removed} passed over, {}, buffers {}",
-        field("Execution Time:")
-            .iter()
-            .next()
+        <[_]>::first(&field("Execution Time:"))
             .cloned()
             .unwrap_or_default(),
         field("Buffers:").into_iter().next().unwrap_or_default(),
@@ -1304,7 +1300,7 @@ async fn pg_cpu_ticks(db: &TestDb) -> u64 {
     let dir = db
         .names("SELECT current_setting('data_directory') AS name")
         .await;
-    let Some(pid) = dir.iter().next().and_then(|d| {
+    let Some(pid) = <[_]>::first(&dir).and_then(|d| {
         std::fs::read_to_string(format!("{d}/postmaster.pid"))
             .ok()?
             .lines()
