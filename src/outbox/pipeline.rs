@@ -506,8 +506,13 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
                 }
             }
             Err(error) => {
+                // A broker that answered (a missing topic, a refused
+                // authorization) is reachable: that failure is the topic's,
+                // counted with the failing partitions.
                 if topic == self.parts.topic {
-                    self.parts.health.set_broker_reachable(false);
+                    self.parts
+                        .health
+                        .set_broker_reachable(error.class != ErrorClass::Retriable);
                 }
                 self.parts.metrics.produce_error(&error.code);
                 self.queues.metadata_failed(topic, &error, now);
