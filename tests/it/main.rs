@@ -14,6 +14,7 @@ mod java_consumer;
 mod kafka_cluster;
 mod kafka_tls;
 mod layering;
+mod libpq_env;
 mod live_migration;
 mod logging;
 mod outbox_parking;
