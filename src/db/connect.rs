@@ -164,7 +164,18 @@ pub async fn connect(
     }
     let error = match last {
         Some(Failure::Setup(error)) => error,
-        Some(other) => ConnectionError::BadConnection(other.describe(tls)),
+        Some(other) => {
+            let mut text = other.describe(tls);
+            // Which socket file was missing or refused, as libpq says.
+            if text.starts_with("error connecting to server")
+                && let Some(config) = plan.configs.last()
+                && let sockets = socket_files(config)
+                && !sockets.is_empty()
+            {
+                text.push_str(&format!(" (Unix socket {})", sockets.join(", ")));
+            }
+            ConnectionError::BadConnection(text)
+        }
         None => ConnectionError::BadConnection("no host to connect to".to_owned()),
     };
     Err(match (error, plan.no_password) {
@@ -173,6 +184,24 @@ pub async fn connect(
         }
         (error, _) => error,
     })
+}
+
+/// The socket files of `config`'s Unix-socket hosts
+/// (`DIR/.s.PGSQL.PORT`, the file PostgreSQL listens on in DIR).
+fn socket_files(config: &tokio_postgres::Config) -> Vec<String> {
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, host)| match host {
+            tokio_postgres::config::Host::Unix(dir) => {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                Some(format!("{}/.s.PGSQL.{port}", dir.display()))
+            }
+            tokio_postgres::config::Host::Tcp(_) => None,
+        })
+        .collect()
 }
 
 /// A server that asks for a password when none was given.

@@ -519,6 +519,19 @@ async fn a_socket_only_postgres_is_reachable_in_every_url_form() {
         )],
     );
     assert_eq!(code, Some(1), "TCP must be refused: {stderr}");
+    // A directory where nothing listens: the socket file is named.
+    let (code, _, stderr) = run(
+        &["status"],
+        &[(
+            "DATABASE_URL",
+            &format!("postgres://postgres@/crm?host={dir}&port=1"),
+        )],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("(Unix socket {dir}/.s.PGSQL.1)")),
+        "{stderr}"
+    );
 
     // A role that must give a password over the socket, found in the file
     // by the socket directory (not the default one: not `localhost`).
