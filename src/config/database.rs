@@ -861,6 +861,12 @@ mod tests {
             passwords(&two),
             [Some(b"file-pw-1".to_vec()), Some(b"file-pw-2".to_vec())]
         );
+        // With load_balance_hosts=random too, in the URL's order.
+        let random = url("postgres://u@h2,h1/d?load_balance_hosts=random", &env);
+        assert_eq!(
+            passwords(&random),
+            [Some(b"file-pw-2".to_vec()), Some(b"file-pw-1".to_vec())]
+        );
         // The same password for every host: one configuration.
         let same = url("postgres://u@same:5433,same:5434/d", &env);
         assert_eq!(passwords(&same), [Some(b"same".to_vec())]);

@@ -293,6 +293,41 @@ async fn the_url_wins_then_pgpassword_then_the_file() {
             Ok("passfile"),
         ),
     ];
+    // The file is searched per host: two names of the same server, the
+    // first with a wrong password, the second with the right one; the
+    // second host connects with its own.
+    let per_host = pgpass(
+        &files,
+        "per-host",
+        &[
+            format!(
+                "127.0.0.1:{}:*:{}:wrong-for-this-host",
+                target.port, target.role
+            ),
+            format!(
+                "localhost:{}:*:{}:{}",
+                target.port,
+                target.role,
+                field(target.password)
+            ),
+        ],
+        0o600,
+    );
+    let two_hosts = format!(
+        "postgres://{}@127.0.0.1:{port},localhost:{port}/{}",
+        target.role,
+        target.db.name,
+        port = target.port
+    );
+    let (code, _, stderr) = run(
+        &["status"],
+        &[
+            ("DATABASE_URL", &two_hosts),
+            ("PGPASSFILE", &per_host.display().to_string()),
+        ],
+    );
+    assert_eq!(code, Some(0), "each host with its own password: {stderr}");
+    assert!(!stderr.contains("wrong-for-this-host"), "{stderr}");
     for (what, env, expected) in cases {
         let (code, _, stderr) = run(&["status"], env);
         match expected {
@@ -345,6 +380,17 @@ async fn the_connection_variables_fill_in_what_the_url_leaves_out() {
     let (code, _, stderr) = run(&["status"], &other);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("no_such_database_33"), "{stderr}");
+    // No user in the URL nor PGUSER: refused, not the OS user's name.
+    let no_user = format!(
+        "postgres://{}:{}/{}",
+        target.host, target.port, target.db.name
+    );
+    let (code, _, stderr) = run(
+        &["status"],
+        &[("DATABASE_URL", &no_user), ("PGPASSWORD", target.password)],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("user missing"), "{stderr}");
 
     // PGAPPNAME: the sessions of `run` carry it.
     let addr = format!("127.0.0.1:{}", free_port());
