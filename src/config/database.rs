@@ -243,7 +243,16 @@ impl DatabaseUrl {
             Ok(None) => return (none(), None),
             Err(problem) => return (none(), Some(problem)),
         };
-        let user = self.config.get_user().unwrap_or("");
+        // No user given: the operating system's, as tokio-postgres and
+        // libpq connect with.
+        let os_user;
+        let user = match self.config.get_user() {
+            Some(user) => user,
+            None => {
+                os_user = whoami::username().unwrap_or_default();
+                os_user.as_str()
+            }
+        };
         let dbname = self.config.get_dbname();
         let passwords = self
             .hosts
