@@ -690,7 +690,7 @@ mod tests {
         /// `Debug` of the parsed command line and of the settings (what a
         /// panic message or a `{:?}` in a log would print), and every
         /// setting error, hold neither the database password (in the URL
-        /// raw, or percent-encoded) nor `KAFKA_SASL_PASSWORD`.
+        /// raw, or percent-encoded, or `PGPASSWORD`) nor `KAFKA_SASL_PASSWORD`.
         #[test]
         fn no_debug_of_the_settings_holds_a_secret(
             secret in "[ -~é€]{10,30}",
@@ -703,6 +703,7 @@ mod tests {
                 "run", "--database-url", &url, "--database-direct-url", &direct,
                 "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
                 "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
+                "--pgpassword", &secret,
             ];
             let forms = [secret.clone(), super::super::pg_url::percent_encode(&secret)];
             let hidden = |text: String| {
