@@ -156,9 +156,8 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Republish(args) => {
-            let database = database_settings(args.database)
-                .map(announced)
-                .map_err(invalid)?;
+            // Announced by `republish` once its selection is checked.
+            let database = database_settings(args.database).map_err(invalid)?;
             let request = app::RepublishRequest {
                 selection: Selection {
                     booking_ids: args.booking_id,

@@ -154,6 +154,8 @@ pub async fn connect(
             tracing::warn!(sslmode = %tls.mode, "this CPU cannot run the TLS library (graviola needs x86_64 with AVX2/ADX/BMI2, or aarch64); connecting to PostgreSQL without TLS");
         });
     }
+    // Reads the password file, when it is the source: a small local file,
+    // read in place as the certificate files are.
     let plan = url.connect_plan();
     let mut last = None;
     for config in &plan.configs {

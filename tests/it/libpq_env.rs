@@ -384,6 +384,12 @@ async fn the_connection_variables_fill_in_what_the_url_leaves_out() {
     ];
     let mut all = vec![("DATABASE_URL", "postgres://")];
     all.extend(env);
+    // libpq's variables this worker does not read change nothing (libpq
+    // would connect to 127.0.0.9 and look for a service file).
+    all.extend([
+        ("PGHOSTADDR", "127.0.0.9"),
+        ("PGSERVICE", "no-such-service"),
+    ]);
     let (code, _, stderr) = run(&["status"], &all);
     assert_eq!(code, Some(0), "{stderr}");
     // The URL's database wins over PGDATABASE.
