@@ -45,8 +45,11 @@ pub struct LibpqEnv {
     #[arg(id = "PGPASSFILE", long = "pgpassfile", env = "PGPASSFILE", value_parser = setting(path))]
     pub passfile: Option<PathBuf>,
     /// Default sslmode (libpq's PGSSLMODE).
-    #[arg(id = "PGSSLMODE", long = "pgsslmode", env = "PGSSLMODE", value_parser = setting(sslmode))]
-    pub sslmode: Option<SslMode>,
+    // An empty value is unset too, hence one value that may say "none"
+    // (`std::option::Option`) with an empty, hidden default.
+    #[arg(id = "PGSSLMODE", long = "pgsslmode", env = "PGSSLMODE", default_value = "",
+          hide_default_value = true, value_parser = setting(sslmode))]
+    pub sslmode: std::option::Option<SslMode>,
     /// Default sslrootcert (libpq's PGSSLROOTCERT).
     #[arg(id = "PGSSLROOTCERT", long = "pgsslrootcert", env = "PGSSLROOTCERT", value_parser = setting(non_empty))]
     pub sslrootcert: Option<String>,
@@ -74,6 +77,7 @@ impl LibpqEnv {
     pub fn passfile(&self) -> Option<PathBuf> {
         self.passfile
             .clone()
+            .filter(|path| !path.as_os_str().is_empty())
             .or_else(|| std::env::home_dir().map(|home| home.join(".pgpass")))
     }
 }
@@ -91,8 +95,12 @@ fn path(raw: &str) -> Result<PathBuf, Problem> {
     Ok(PathBuf::from(raw))
 }
 
-fn sslmode(raw: &str) -> Result<SslMode, Problem> {
-    pg_tls::parse_mode(raw.trim())
+/// An `sslmode`, or none for an empty value.
+fn sslmode(raw: &str) -> Result<Option<SslMode>, Problem> {
+    match raw.trim() {
+        "" => Ok(None),
+        mode => pg_tls::parse_mode(mode).map(Some),
+    }
 }
 
 /// A comma-separated list of ports (1-65535); an empty entry is the
@@ -109,8 +117,12 @@ fn ports(raw: &str) -> Result<String, Problem> {
     Ok(raw.split(',').map(str::trim).collect::<Vec<_>>().join(","))
 }
 
-/// Whole seconds, as libpq's `connect_timeout` (0 or less: no limit).
+/// Whole seconds, as libpq's `connect_timeout` (0 or less: no limit);
+/// empty is unset.
 fn seconds(raw: &str) -> Result<String, Problem> {
+    if raw.trim().is_empty() {
+        return Ok(String::new());
+    }
     raw.trim()
         .parse::<i64>()
         .map(|s| s.to_string())
@@ -131,7 +143,9 @@ mod tests {
         assert_eq!(seconds(" 10 "), Ok("10".to_owned()));
         assert_eq!(seconds("0"), Ok("0".to_owned()));
         assert!(seconds("10s").is_err());
-        assert_eq!(sslmode("verify-full"), Ok(SslMode::VerifyFull));
+        assert_eq!(seconds(""), Ok(String::new()), "unset");
+        assert_eq!(sslmode("verify-full"), Ok(Some(SslMode::VerifyFull)));
+        assert_eq!(sslmode(" "), Ok(None), "unset");
         assert!(sslmode("verify").is_err());
     }
 
@@ -142,6 +156,11 @@ mod tests {
             ..LibpqEnv::default()
         };
         assert_eq!(env.passfile(), Some(PathBuf::from("/run/secrets/pgpass")));
+        let empty = LibpqEnv {
+            passfile: Some(PathBuf::new()),
+            ..LibpqEnv::default()
+        };
+        assert_eq!(empty.passfile(), LibpqEnv::default().passfile(), "unset");
         let default = LibpqEnv::default().passfile();
         assert_eq!(
             default,

@@ -493,6 +493,13 @@ fn bad_values_exit_2_naming_the_variable() {
             assert!(!stderr.contains("s3cret-Pg-33"), "{stderr}");
         }
     }
+    // An empty variable counts as unset: no exit 2, the connection is
+    // tried (and refused: nothing listens on port 9).
+    let mut empty: Vec<(&str, &str)> = LIBPQ_VARIABLES.iter().map(|v| (*v, "")).collect();
+    empty.push(("DATABASE_URL", "postgres://u:pw@127.0.0.1:9/db"));
+    let (code, _, stderr) = run(&["status"], &empty);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("Connection refused"), "{stderr}");
 }
 
 /// A PostgreSQL listening on a Unix socket only, in a scratch folder.
