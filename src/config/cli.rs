@@ -8,10 +8,12 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, Pooler, PublisherSettings,
-    SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings, ShutdownSettings,
+    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, LibpqEnv, Pooler,
+    PublisherSettings, SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings,
+    ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
+    pg_url::PgUrl,
     ranges,
     secret::Secret,
 };
@@ -173,8 +175,8 @@ pub struct RunArgs {
 pub struct DatabaseArgs {
     /// PostgreSQL URL (postgres://user:password@host:port/database).
     #[arg(id = "DATABASE_URL", long = "database-url", env = "DATABASE_URL", hide_env_values = true,
-          value_parser = setting(parse::database_url))]
-    pub database_url: Option<DatabaseUrl>,
+          value_parser = setting(database_url))]
+    pub database_url: Option<PgUrl>,
     /// Maximum connections in the pool; 1 to 1000.
     #[arg(id = "DATABASE_POOL_SIZE", long = "database-pool-size", env = "DATABASE_POOL_SIZE",
           default_value = text!(defaults::DATABASE_POOL_SIZE),
@@ -196,21 +198,40 @@ pub struct DatabaseArgs {
     /// A direct PostgreSQL URL past the pooler, for what needs a session:
     /// the commit wake-up (LISTEN) and migrate.
     #[arg(id = "DATABASE_DIRECT_URL", long = "database-direct-url", env = "DATABASE_DIRECT_URL",
-          hide_env_values = true, value_parser = setting(parse::database_url))]
-    pub database_direct_url: Option<DatabaseUrl>,
+          hide_env_values = true, value_parser = setting(database_url))]
+    pub database_direct_url: Option<PgUrl>,
+    /// libpq's environment (`PGHOST`, `PGPASSWORD`, `PGSSLMODE`, ...): each
+    /// where the URLs leave its parameter out.
+    #[command(flatten)]
+    pub libpq: LibpqEnv,
+}
+
+/// A URL's grammar (libpq's, [`PgUrl::parse`]): what it means, its TLS
+/// parameters included, is settled with libpq's environment in
+/// [`DatabaseArgs::settings`] (a `PGSSLCERT` may complete the URL's
+/// `sslkey`, say).
+fn database_url(raw: &str) -> Result<PgUrl, parse::Problem> {
+    PgUrl::parse(raw).map_err(|error| error.to_string())
 }
 
 impl DatabaseArgs {
+    /// The settings, libpq's environment applied to both URLs.
     pub fn settings(self) -> Result<DatabaseSettings, ConfigError> {
+        let url = self
+            .database_url
+            .ok_or_else(|| ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)"))
+            .and_then(|url| DatabaseUrl::with_env(url, &self.libpq, "DATABASE_URL"))?;
+        let direct_url = self
+            .database_direct_url
+            .map(|direct| DatabaseUrl::with_env(direct, &self.libpq, "DATABASE_DIRECT_URL"))
+            .transpose()?;
         Ok(DatabaseSettings {
-            url: self.database_url.ok_or_else(|| {
-                ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)")
-            })?,
+            url,
             pool_size: self.database_pool_size,
             connect_timeout: self.database_connect_timeout,
             statement_timeout: self.database_statement_timeout,
             pooler: self.database_pooler,
-            direct_url: self.database_direct_url,
+            direct_url,
             is_direct: false,
         })
     }
@@ -579,6 +600,18 @@ mod tests {
             "DATABASE_STATEMENT_TIMEOUT",
             "DATABASE_POOLER",
             "DATABASE_DIRECT_URL",
+            "PGHOST",
+            "PGPORT",
+            "PGDATABASE",
+            "PGUSER",
+            "PGPASSWORD",
+            "PGPASSFILE",
+            "PGSSLMODE",
+            "PGSSLROOTCERT",
+            "PGSSLCERT",
+            "PGSSLKEY",
+            "PGAPPNAME",
+            "PGCONNECT_TIMEOUT",
             "EXPIRATION_INTERVAL",
             "EXPIRATION_BATCH_SIZE",
             "EXPIRATION_MAX_BATCHES_PER_CYCLE",
@@ -1135,7 +1168,7 @@ mod tests {
         /// `Debug` of the parsed command line and of the settings (what a
         /// panic message or a `{:?}` in a log would print), and every
         /// setting error, hold neither the database password (in the URL
-        /// raw, or percent-encoded) nor `KAFKA_SASL_PASSWORD`.
+        /// raw, or percent-encoded, or `PGPASSWORD`) nor `KAFKA_SASL_PASSWORD`.
         #[test]
         fn no_debug_of_the_settings_holds_a_secret(
             secret in "[ -~é€]{10,30}",
@@ -1148,6 +1181,7 @@ mod tests {
                 "run", "--database-url", &url, "--database-direct-url", &direct,
                 "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
                 "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
+                "--pgpassword", &secret,
             ];
             let forms = [secret.clone(), super::super::pg_url::percent_encode(&secret)];
             let hidden = |text: String| {

@@ -13,6 +13,7 @@ mod faults;
 mod java_consumer;
 mod kafka_cluster;
 mod kafka_tls;
+mod libpq_env;
 mod live_migration;
 mod logging;
 mod outbox_parking;
