@@ -131,8 +131,13 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             .seed
             .map_or_else(fastrand::Rng::new, fastrand::Rng::with_seed);
         let now = Instant::now();
-        let mut queues = Queues::new(timing, parts.request_max, parts.max_held, rng.fork());
-        queues.watch(&parts.topic);
+        let queues = Queues::new(
+            &parts.topic,
+            timing,
+            parts.request_max,
+            parts.max_held,
+            rng.fork(),
+        );
         Self {
             parts,
             queues,
@@ -269,17 +274,11 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
         } in self.queues.ready(now)
         {
             let transport = Arc::clone(&self.parts.transport);
-            let timeout = self.parts.timing.request_timeout;
+            // The transport bounds its own calls (`Transport`'s contract):
+            // it knows what a timeout leaves to clean up.
             self.answers.push(Box::pin(async move {
                 let started = Instant::now();
-                let result = match tokio::time::timeout(timeout, transport.produce(&topic, partition, records)).await {
-                    Ok(result) => result,
-                    Err(_) => Err(SendError::new(
-                        ErrorClass::Retriable,
-                        "CLIENT_TIMEOUT",
-                        format!("no answer to the produce request within {timeout:?} (KAFKA_REQUEST_TIMEOUT)"),
-                    )),
-                };
+                let result = transport.produce(&topic, partition, records).await;
                 (topic, partition, started.elapsed(), result)
             }));
         }
@@ -293,29 +292,18 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             return;
         };
         let transport = Arc::clone(&self.parts.transport);
-        let timeout = self.parts.timing.request_timeout;
+        let reason = if self.queues.topic_known(&topic) {
+            "periodic"
+        } else {
+            "connect"
+        };
         self.parts
             .metrics
             .kafka_metadata_refreshes
-            .get_or_create(&crate::telemetry::metrics::ReasonLabel {
-                reason: if self.queues.topic_known(&topic) {
-                    "periodic"
-                } else {
-                    "connect"
-                },
-            })
+            .get_or_create(&crate::telemetry::metrics::ReasonLabel { reason })
             .inc();
         self.metadata = Some(Box::pin(async move {
-            let result = match tokio::time::timeout(timeout, transport.partitions(&topic)).await {
-                Ok(result) => result,
-                Err(_) => Err(SendError::new(
-                    ErrorClass::Retriable,
-                    "CLIENT_TIMEOUT",
-                    format!(
-                        "no answer to the metadata request within {timeout:?} (KAFKA_REQUEST_TIMEOUT)"
-                    ),
-                )),
-            };
+            let result = transport.partitions(&topic).await;
             (topic, result)
         }));
     }

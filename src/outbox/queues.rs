@@ -66,6 +66,8 @@ struct Topic {
 #[derive(Debug)]
 pub(crate) struct Queues {
     topics: BTreeMap<String, Topic>,
+    /// The topic whose metadata is read even with no rows (readiness).
+    pinned: String,
     timing: Timing,
     /// At most this many records per request.
     request_max: usize,
@@ -75,20 +77,26 @@ pub(crate) struct Queues {
 }
 
 impl Queues {
+    /// Queues that always watch `pinned` (its metadata is read even with
+    /// no rows: the broker's readiness check).
     pub(crate) fn new(
+        pinned: &str,
         timing: Timing,
         request_max: usize,
         max_held: usize,
         rng: fastrand::Rng,
     ) -> Self {
-        Self {
+        let mut queues = Self {
+            pinned: pinned.to_owned(),
             topics: BTreeMap::new(),
             timing,
             request_max: request_max.max(1),
             max_held: max_held.max(1),
             held: 0,
             rng,
-        }
+        };
+        queues.watch(pinned);
+        queues
     }
 
     /// Makes `topic` known (its metadata is read even before rows arrive).
@@ -192,6 +200,15 @@ impl Queues {
     /// as being read.
     pub(crate) fn metadata_due(&mut self, now: Instant) -> Option<String> {
         let max_age = self.timing.metadata_max_age;
+        // A topic other than the pinned one is watched while it has rows
+        // (a `republish --kafka-topic` of long ago is not read forever).
+        let pinned = &self.pinned;
+        self.topics.retain(|name, t| {
+            name == pinned
+                || t.fetching
+                || !t.unrouted.is_empty()
+                || t.partitions.iter().any(|q| q.len() > 0)
+        });
         let (name, t) = self.topics.iter_mut().find(|(_, t)| {
             !t.fetching
                 && t.not_before.is_none_or(|at| at <= now)
