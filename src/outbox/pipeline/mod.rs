@@ -22,9 +22,9 @@
 mod requests;
 mod rounds;
 
-use std::{pin::Pin, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use futures_util::{StreamExt, stream::FuturesUnordered};
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -53,8 +53,6 @@ pub struct Published {
     /// Rows parked (refused for good, or not a record).
     pub parked: u64,
 }
-
-type Boxed<T> = Pin<Box<dyn Future<Output = T> + std::marker::Send>>;
 
 /// A request's answer: topic, partition, how long it took, the result.
 type Answer = (String, i32, Duration, Result<(), SendError>);
@@ -117,9 +115,13 @@ pub(crate) struct Run<'a, T, S> {
     next_poll: Instant,
     database_retry: Backoff,
     database_ready_at: Instant,
-    answers: FuturesUnordered<Boxed<Answer>>,
-    round: Option<Boxed<RoundDone>>,
-    metadata: Option<Boxed<(String, Result<i32, SendError>)>>,
+    /// Requests, database rounds and metadata reads run as tasks of their
+    /// own: each makes progress whatever the loop is busy with (a round
+    /// left unpolled would keep its transaction open); dropping the set
+    /// aborts the requests still on the way.
+    answers: JoinSet<Answer>,
+    round: Option<JoinHandle<RoundDone>>,
+    metadata: Option<JoinHandle<(String, Result<i32, SendError>)>>,
     done: Published,
 }
 
@@ -155,7 +157,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
                 rng,
             ),
             database_ready_at: now,
-            answers: FuturesUnordered::new(),
+            answers: JoinSet::new(),
             round: None,
             metadata: None,
             done: Published::default(),
@@ -182,7 +184,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             let wake_at = self.wake_at(now);
             let event = tokio::select! {
                 biased;
-                Some(answer) = self.answers.next(), if !self.answers.is_empty() => Event::Answer(answer),
+                Some(answer) = self.answers.join_next(), if !self.answers.is_empty() => Event::Answer(joined(answer)),
                 (round, result, started) = pending_or(&mut self.round) => Event::Round(round, result, started),
                 (topic, result) = pending_or(&mut self.metadata) => Event::Metadata(topic, result),
                 () = shutdown.cancelled(), if self.stopping.is_none() => Event::Stop,
@@ -237,8 +239,10 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
         }
         // Requests still on the way are dropped: their rows go back to the
         // outbox with the others (the broker may have written them).
-        self.answers = FuturesUnordered::new();
-        self.metadata = None;
+        self.answers = JoinSet::new();
+        if let Some(metadata) = self.metadata.take() {
+            metadata.abort();
+        }
         let release = self.queues.release_all();
         self.released = true;
         self.start_round_with(release, now);
@@ -266,23 +270,37 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
     }
 
     fn update_health(&self) {
-        let (failing, fatal) = self.queues.failing();
-        self.parts.health.set_partitions_failing(failing, fatal);
+        let failures = self.queues.failing();
+        let failing = failures.failing;
+        self.parts
+            .health
+            .set_partitions_failing(failing, failures.fatal, failures.code);
         let metrics = &self.parts.metrics;
         metrics.outbox_partitions_failing.set(failing as i64);
         metrics.outbox_held.set(self.queues.held() as i64);
     }
 }
 
-/// The output of the future in `slot`, which is then emptied; pending
+/// The output of the task in `slot`, which is then emptied; pending
 /// forever while the slot is empty.
-async fn pending_or<T>(slot: &mut Option<Boxed<T>>) -> T {
+async fn pending_or<T>(slot: &mut Option<JoinHandle<T>>) -> T {
     match slot {
-        Some(future) => {
-            let output = future.await;
+        Some(task) => {
+            let output = joined(task.await);
             *slot = None;
             output
         }
         None => std::future::pending().await,
+    }
+}
+
+/// A task's output; its panic goes on in the pipeline's task (a bug, not a
+/// fault to carry on from). The pipeline aborts only tasks it no longer
+/// awaits.
+fn joined<T>(result: Result<T, tokio::task::JoinError>) -> T {
+    match result {
+        Ok(output) => output,
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(error) => panic!("a pipeline task ended without its result: {error}"),
     }
 }

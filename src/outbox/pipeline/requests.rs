@@ -26,11 +26,11 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             let transport = Arc::clone(&self.parts.transport);
             // The transport bounds its own calls (`Transport`'s contract):
             // it knows what a timeout leaves to clean up.
-            self.answers.push(Box::pin(async move {
+            self.answers.spawn(async move {
                 let started = Instant::now();
                 let result = transport.produce(&topic, partition, records).await;
                 (topic, partition, started.elapsed(), result)
-            }));
+            });
         }
     }
 
@@ -53,7 +53,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             .kafka_metadata_refreshes
             .get_or_create(&crate::telemetry::metrics::ReasonLabel { reason })
             .inc();
-        self.metadata = Some(Box::pin(async move {
+        self.metadata = Some(tokio::spawn(async move {
             let result = transport.partitions(&topic).await;
             (topic, result)
         }));

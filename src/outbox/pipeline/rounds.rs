@@ -58,7 +58,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             self.skipped = room;
         }
         let store = Arc::clone(&self.parts.store);
-        self.round = Some(Box::pin(async move {
+        self.round = Some(tokio::spawn(async move {
             let result = store.round(round.clone()).await;
             (round, result, now)
         }));

@@ -41,6 +41,16 @@ pub(crate) struct Room {
     pub skip: Vec<(String, i32, i32)>,
 }
 
+/// The partitions that cannot be written now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Failures<'a> {
+    pub failing: usize,
+    /// Of those, failing with an error no retry fixes.
+    pub fatal: usize,
+    /// The Kafka error of one of them (a non-retriable one first).
+    pub code: Option<&'a str>,
+}
+
 /// What became of a request, for the pipeline to act on.
 #[derive(Debug, Default)]
 pub(crate) struct Completed {
@@ -248,8 +258,9 @@ impl Queues {
     }
 
     /// Partitions (and topics) whose last try failed and whose rows wait:
-    /// `(failing, of which with a non-retriable error)`.
-    pub(crate) fn failing(&self) -> (usize, usize) {
+    /// how many, how many of them with a non-retriable error, and the
+    /// Kafka error of one (a non-retriable one first).
+    pub(crate) fn failing(&self) -> Failures<'_> {
         let mut failing = Vec::new();
         for t in self.topics.values() {
             failing.extend(
@@ -259,11 +270,16 @@ impl Queues {
             );
             failing.extend(t.partitions.iter().filter_map(PartitionQueue::failing));
         }
-        let fatal = failing
+        let fatal: Vec<&Failing> = failing
             .iter()
+            .copied()
             .filter(|f| f.class != super::transport::ErrorClass::Retriable)
-            .count();
-        (failing.len(), fatal)
+            .collect();
+        Failures {
+            failing: failing.len(),
+            fatal: fatal.len(),
+            code: fatal.first().or(failing.first()).map(|f| f.code.as_str()),
+        }
     }
 }
 
