@@ -11,6 +11,7 @@ mod expiry_cycle;
 mod failover;
 mod faults;
 mod java_consumer;
+mod kafka_acl;
 mod kafka_cluster;
 mod kafka_tls;
 mod libpq_env;
