@@ -138,9 +138,9 @@ fn most_in_a_second(times: &[Instant]) -> usize {
 /// level) for a bit over a minute with 300 events to publish:
 ///
 /// - at most one new Kafka connection a second: over the whole run, no
-///   more accepts than seconds, and after the first second (the bootstrap,
-///   the metadata connection and one per partition client) never two
-///   within one second;
+///   more accepts than seconds, and after the first 1 + 3 (the metadata
+///   connection and one per partition client, opened as the publisher
+///   starts) never two within one second;
 /// - `/readyz` answers 503 at every look (once a second) from the first
 ///   refusal on, its body naming the partitions that cannot be written
 ///   until an operator acts;
@@ -153,7 +153,9 @@ fn most_in_a_second(times: &[Instant]) -> usize {
 ///   counting the refusals;
 ///
 /// and once WRITE is granted, every event is on the topic within
-/// `Timing::fatal_pause` (5 s) + 5 s, and `/readyz` is 200 again.
+/// `Timing::fatal_pause` (5 s) + [`PUBLISH_MARGIN`] (5 s), once each, and
+/// `/readyz` is 200 again. Every goal is checked before the test fails, and
+/// the misses are listed together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_authorization_failure_pauses_reports_once_a_minute_and_resumes_on_grant() {
     let fatal_pause = Timing::default().fatal_pause;
@@ -214,12 +216,10 @@ async fn topic_authorization_failure_pauses_reports_once_a_minute_and_resumes_on
     let published_while_denied = db.published().await;
 
     let seconds = (denied_end - started).as_secs_f64();
-    let first = accepted.first().copied().unwrap_or(started);
-    let after_first_second: Vec<Instant> = accepted
-        .iter()
-        .copied()
-        .filter(|t| *t >= first + Duration::from_secs(1))
-        .collect();
+    // The first connections: the metadata connection and one per
+    // partition client, opened as the publisher starts.
+    let initial = (1 + PARTITIONS as usize).min(accepted.len());
+    let later = &accepted[initial..];
     let offsets: Vec<String> = accepted
         .iter()
         .map(|t| format!("{:.1}", (*t - started).as_secs_f64()))
@@ -236,78 +236,101 @@ async fn topic_authorization_failure_pauses_reports_once_a_minute_and_resumes_on
         .map(|(_, body)| body.replace('\n', " | "))
         .next_back()
         .unwrap_or_default();
-    eprintln!(
-        "FIGURES kafka-acl: denied {:.0} s (run {seconds:.0} s): {} Kafka connections accepted at \
-         [{}] s after start, most within one second after the first {}; /readyz {} looks, {} not \
-         503, body \"{body}\"; failure lines (WARN/ERROR) {per_source:?}; produce errors \
-         TOPIC_AUTHORIZATION_FAILED {errors}; parked {}, published {published_while_denied}",
-        (denied_end - refused_at).as_secs_f64(),
-        accepted.len(),
-        offsets.join(", "),
-        most_in_a_second(&after_first_second),
-        looks.len(),
-        not_503.len(),
-        status["outbox_parked"],
-    );
-
-    assert!(
-        accepted.len() as f64 <= seconds,
-        "at most one connection a second: {} in {seconds:.0} s",
-        accepted.len()
-    );
-    assert!(
-        most_in_a_second(&after_first_second) <= 1,
-        "never two new connections within a second after the first: at [{}] s",
-        offsets.join(", ")
-    );
-    assert!(not_503.is_empty(), "/readyz 503 at every look: {looks:?}");
-    assert!(
-        body.contains("cannot be written") && body.contains("until an operator acts"),
-        "/readyz says why: {body}"
-    );
-    for partition in 0..PARTITIONS {
-        let n = per_source
-            .get(&format!("partition {partition}"))
-            .copied()
-            .unwrap_or(0);
-        assert!(
-            (1..=2).contains(&n),
-            "partition {partition}: {n} failure lines in {:.0} s (one at once, then one a minute): {:?}",
-            DENIED_FOR.as_secs_f64(),
-            lines.get(&format!("partition {partition}"))
-        );
-    }
     let elsewhere: Vec<&String> = lines
         .iter()
         .filter(|(source, _)| !source.starts_with("partition "))
         .flat_map(|(_, v)| v)
         .collect();
-    assert!(
-        elsewhere.is_empty(),
-        "no failure line but the publisher's, one a minute per partition: {} more, e.g. {:?}",
-        elsewhere.len(),
-        elsewhere.first()
+    eprintln!(
+        "FIGURES kafka-acl: denied {:.0} s (run {seconds:.0} s): {} Kafka connections accepted at \
+         [{}] s after start ({} after the first {initial}, at most {} within a second); /readyz {} \
+         looks, {} not 503, body \"{body}\"; WARN/ERROR lines naming the failure {per_source:?}; \
+         produce errors TOPIC_AUTHORIZATION_FAILED {errors}; parked {}, published \
+         {published_while_denied}",
+        (denied_end - refused_at).as_secs_f64(),
+        accepted.len(),
+        offsets.join(", "),
+        later.len(),
+        most_in_a_second(later),
+        looks.len(),
+        not_503.len(),
+        status["outbox_parked"],
     );
-    assert_eq!(status["outbox_parked"], 0, "nothing parked: {status}");
-    assert_eq!(status["outbox_unpublished"], DUE, "{status}");
-    assert_eq!(published_while_denied, 0);
-    // One try per partition per fatal pause at least (the first tries
-    // come at once).
+    if let Some(line) = elsewhere.first() {
+        eprintln!("FIGURES kafka-acl: a failure line not from the publisher: {line}");
+    }
+
+    // Every goal is checked and the misses listed together at the end.
+    let mut missed = Vec::new();
+    let mut check = |ok: bool, miss: String| {
+        if !ok {
+            missed.push(miss);
+        }
+    };
+    check(
+        accepted.len() as f64 <= seconds,
+        format!(
+            "at most one connection a second: {} in {seconds:.0} s",
+            accepted.len()
+        ),
+    );
+    check(
+        most_in_a_second(later) <= 1,
+        format!(
+            "after the first {initial} connections, never two within a second: at [{}] s",
+            offsets.join(", ")
+        ),
+    );
+    check(
+        not_503.is_empty(),
+        format!("/readyz 503 at every look: {not_503:?}"),
+    );
+    check(
+        body.contains("cannot be written") && body.contains("until an operator acts"),
+        format!("/readyz says why: {body}"),
+    );
+    for partition in 0..PARTITIONS {
+        let source = format!("partition {partition}");
+        let n = per_source.get(&source).copied().unwrap_or(0);
+        check(
+            (1..=2).contains(&n),
+            format!(
+                "{source}: {n} failure lines in {:.0} s, not one at once and then one a minute: {:?}",
+                DENIED_FOR.as_secs_f64(),
+                lines.get(&source)
+            ),
+        );
+    }
+    check(
+        elsewhere.is_empty(),
+        format!(
+            "one log line a minute: {} more WARN/ERROR lines naming the failure besides the \
+             publisher's ({:?}), e.g. {:?}",
+            elsewhere.len(),
+            per_source,
+            elsewhere.first()
+        ),
+    );
+    check(
+        status["outbox_parked"] == 0 && status["outbox_unpublished"] == DUE,
+        format!("nothing parked, every row waiting: {status}"),
+    );
+    check(
+        published_while_denied == 0,
+        format!("{published_while_denied} published without WRITE"),
+    );
+    // One try per partition per fatal pause (the first ones at once): at
+    // least half of that, whatever the machine's load.
     let expected_tries = PARTITIONS as u64 * (DENIED_FOR.as_secs() / fatal_pause.as_secs() / 2);
-    assert!(
+    check(
         errors >= expected_tries,
-        "the metric counts the refusals: {errors} (at least {expected_tries})"
+        format!("the metric counts the refusals: {errors} (at least {expected_tries})"),
     );
 
     blocking(|| kafka.allow(&AclKafka::principal(), "Write", &topic));
     let granted_at = Instant::now();
     let bound = fatal_pause + PUBLISH_MARGIN;
-    wait_until(
-        "every event published after WRITE was granted",
-        bound,
-        || async { db.unpublished().await == 0 },
-    )
-    .await;
+    db.wait_all_published(Duration::from_secs(60)).await;
     let publishing_took = granted_at.elapsed();
     wait_http_status(&addr, "/readyz", 200, Duration::from_secs(15)).await;
     let ready_after = granted_at.elapsed();
@@ -323,6 +346,25 @@ async fn topic_authorization_failure_pauses_reports_once_a_minute_and_resumes_on
         records.len(),
         keys.len()
     );
-    assert_eq!(keys.len() as i64, DUE, "every event on the topic");
-    assert_eq!(records.len() as i64, DUE, "nothing written twice");
+    check(
+        publishing_took <= bound,
+        format!(
+            "published {:.2} s after WRITE was granted (bound: the fatal pause {fatal_pause:?} + {PUBLISH_MARGIN:?})",
+            publishing_took.as_secs_f64()
+        ),
+    );
+    check(
+        keys.len() as i64 == DUE && records.len() as i64 == DUE,
+        format!(
+            "every event on the topic once: {} records, {} keys",
+            records.len(),
+            keys.len()
+        ),
+    );
+    assert!(
+        missed.is_empty(),
+        "{} goal(s) missed:\n{}",
+        missed.len(),
+        missed.join("\n")
+    );
 }

@@ -5,6 +5,7 @@
 
 mod support;
 
+mod broker_freeze;
 mod cli;
 mod deadline_wake;
 mod expiry_cycle;
