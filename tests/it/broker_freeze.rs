@@ -22,15 +22,16 @@
 //!
 //! - **No transaction of the worker older than 1 s** at any sample during
 //!   the freeze ([`XACT_MAX`], the issue's bound).
-//! - **Expiry unaffected**: every booking that fell due during the freeze
-//!   expired, its lateness (`expired_at` − deadline) p99 at most
-//!   [`LATENESS_SLACK`] above the baseline's p99 (the same run, before
-//!   the freeze), and the commit lag (the oldest due but unexpired
-//!   booking's age, sampled) never above [`COMMIT_LAG_MAX`] during the
-//!   freeze: `EXPIRATION_INTERVAL` (1 s, the longest a booking waits for
-//!   the next cycle when the deadline wake-up misses it) plus a second for
-//!   the cycle on a loaded 2-core machine. A worker whose expiry waited on
-//!   the broker would fall behind by the whole freeze (20 s).
+//! - **Expiry unaffected**: the lateness (`expired_at` − deadline) p99 of
+//!   the bookings that fell due during the freeze at most
+//!   [`LATENESS_SLACK`] (0.5 s) above the baseline's p99 (the same run,
+//!   before the freeze; `EXPIRATION_INTERVAL`, 1 s, when the baseline's is
+//!   below it), and the commit lag (how long ago the oldest due but
+//!   unexpired booking fell due, sampled: what `expired_at`, the cycle's
+//!   start, does not show) never above [`COMMIT_LAG_MAX`] (3 s:
+//!   `EXPIRATION_INTERVAL` plus 2 s for a cycle on a loaded 2-core
+//!   machine) during the freeze. A worker whose expiry waited on the
+//!   broker would fall behind by the whole freeze (20 s).
 //! - **Everything published after SIGCONT**: every booking on the topic,
 //!   duplicates only with the same `ce_id` and bytes (counted, printed).
 //! - **Behind PgBouncer** (transaction pooling, `default_pool_size=2`,
@@ -42,6 +43,10 @@
 //!   holding a server connection across its Kafka call would leave the
 //!   other clients waiting for the rest of the freeze; a wait of a
 //!   transaction's length (milliseconds) is the pool of 2 doing its job.
+//!
+//! The figures also cover the recovery (from SIGCONT until everything is
+//! published: 6,000-odd rows at once), which the issue's bounds do not
+//! speak of: printed, not asserted.
 //!
 //! Both tests are `#[ignore]`d in the parallel suite: their bounds are
 //! timings of a second, which the suite's load (dozens of tests hammering
@@ -79,11 +84,16 @@ const PARTITIONS: i32 = 3;
 
 /// No transaction of the worker older than this during the freeze.
 const XACT_MAX: Duration = Duration::from_secs(1);
-/// The freeze's lateness p99 at most this above the baseline's.
+/// `EXPIRATION_INTERVAL`: the longest a due booking waits for a cycle
+/// when the deadline wake-up misses it.
+const INTERVAL: Duration = Duration::from_secs(1);
+/// The freeze's lateness p99 at most this above the baseline's (or above
+/// [`INTERVAL`] when the baseline's is below it).
 const LATENESS_SLACK: Duration = Duration::from_millis(500);
 /// The oldest due but unexpired booking never older than this during the
-/// freeze.
-const COMMIT_LAG_MAX: Duration = Duration::from_secs(2);
+/// freeze: [`INTERVAL`] plus 2 s for a cycle on a loaded 2-core machine
+/// (up to 2.4 s measured there without a fault, in the baseline).
+const COMMIT_LAG_MAX: Duration = Duration::from_secs(3);
 /// PgBouncer's `maxwait` under this at every sample during the freeze.
 const POOL_WAIT_MAX: Duration = Duration::from_millis(500);
 
@@ -123,7 +133,8 @@ struct Sample {
 const SAMPLE_SQL: &str = "\
 WITH x AS (
   SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8 AS age,
-         coalesce(application_name, '') || ' ' || coalesce(state, '') || ': ' || left(query, 80) AS what
+         coalesce(application_name, '') || ' ' || coalesce(state, '') || ' ('
+           || coalesce(wait_event_type || '/' || wait_event, 'on CPU') || '): ' || left(query, 80) AS what
     FROM pg_stat_activity
    WHERE datname = current_database() AND pid <> pg_backend_pid()
      AND backend_type = 'client backend' AND xact_start IS NOT NULL
@@ -279,9 +290,12 @@ async fn lateness(db: &TestDb, as_of: DateTime<Utc>) -> Vec<Expired> {
 /// One window of the run, for the figures.
 struct Window {
     name: &'static str,
-    /// Deadlines (seconds after the first) and sample times in it.
+    /// Deadlines (seconds after the first deadline) in it: `from..to`.
     from: f64,
     to: f64,
+    /// Samples in it: `from..samples_to` (the last window's go on until
+    /// everything is published).
+    samples_to: f64,
 }
 
 async fn freeze_scenario(pooling: Pooling) {
@@ -300,7 +314,10 @@ async fn freeze_scenario(pooling: Pooling) {
         .arg("run")
         .env("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap())
         .env("KAFKA_TOPIC", &topic)
-        .env("EXPIRATION_INTERVAL", "1s")
+        .env(
+            "EXPIRATION_INTERVAL",
+            format!("{}s", INTERVAL.as_secs()),
+        )
         .env("METRICS_ADDR", &metrics_addr);
     match &bouncer {
         None => command.env("DATABASE_URL", &db.url),
@@ -365,10 +382,11 @@ async fn freeze_scenario(pooling: Pooling) {
         },
     )
     .await;
-    stop_sampling.cancel();
-    let samples = sampler.await.expect("the sampler");
     db.wait_all_published(Duration::from_secs(120)).await;
     let all_published_after = freeze_to.elapsed();
+    stop_sampling.cancel();
+    let samples = sampler.await.expect("the sampler");
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     running.terminate();
     let status = running.wait(Duration::from_secs(60)).await;
     assert_eq!(status.code(), Some(0), "{}", running.stderr());
@@ -394,16 +412,19 @@ async fn freeze_scenario(pooling: Pooling) {
             name: "baseline",
             from: 0.0,
             to: at(freeze_from),
+            samples_to: at(freeze_from),
         },
         Window {
             name: "freeze",
             from: at(freeze_from),
             to: at(freeze_to),
+            samples_to: at(freeze_to),
         },
         Window {
             name: "after",
             from: at(freeze_to),
             to: spread.as_secs_f64(),
+            samples_to: f64::INFINITY,
         },
     ];
     let expired = lateness(&db, as_of).await;
@@ -418,7 +439,7 @@ async fn freeze_scenario(pooling: Pooling) {
         let (p50, p99, max) = spread_of(&mut late);
         let seen: Vec<&Sample> = samples
             .iter()
-            .filter(|s| at(s.at) >= w.from && at(s.at) < w.to)
+            .filter(|s| at(s.at) >= w.from && at(s.at) < w.samples_to)
             .collect();
         let oldest = seen
             .iter()
@@ -464,12 +485,18 @@ async fn freeze_scenario(pooling: Pooling) {
     eprintln!(
         "FIGURES broker-freeze[{name}]: {due} bookings over {spread:?} ({RATE}/s); {published_before} \
          published before the freeze, {unpublished_at_thaw} waiting at SIGCONT; all published \
-         {:.1} s after SIGCONT; {} records on the topic, {duplicates} duplicates (same ce_id and bytes)",
+         {:.1} s after SIGCONT; {} records on the topic, {duplicates} duplicates (same ce_id and \
+         bytes); load average {}",
         all_published_after.as_secs_f64(),
-        records.len()
+        records.len(),
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
     );
 
     assert_eq!(by_key.len() as i64, due, "every booking on the topic");
+    assert!(
+        unpublished_at_thaw > 0,
+        "the frozen broker held publishing up (nothing waited at SIGCONT)"
+    );
     let (baseline_n, baseline_p99, ..) = figures["baseline"];
     let (freeze_n, freeze_p99, freeze_samples, oldest_xact, lag, waited) = figures["freeze"];
     assert!(baseline_n > 0 && freeze_n > 0, "bookings in both windows");
@@ -481,9 +508,11 @@ async fn freeze_scenario(pooling: Pooling) {
         oldest_xact < XACT_MAX.as_secs_f64(),
         "no transaction older than {XACT_MAX:?} during the freeze: {oldest_xact:.3} s"
     );
+    let lateness_bound = baseline_p99.max(INTERVAL.as_secs_f64()) + LATENESS_SLACK.as_secs_f64();
     assert!(
-        freeze_p99 <= baseline_p99 + LATENESS_SLACK.as_secs_f64(),
-        "lateness p99 during the freeze {freeze_p99:.2} s, baseline {baseline_p99:.2} s (+ {LATENESS_SLACK:?})"
+        freeze_p99 <= lateness_bound,
+        "lateness p99 during the freeze {freeze_p99:.2} s, bound {lateness_bound:.2} s (baseline \
+         {baseline_p99:.2} s)"
     );
     assert!(
         lag <= COMMIT_LAG_MAX.as_secs_f64(),
