@@ -63,7 +63,6 @@ use std::{
 use booking_expiration::db;
 use chrono::{DateTime, Utc};
 use diesel::{QueryableByName, sql_types::Double};
-use diesel_async::RunQueryDsl;
 use testkit::{kafka::Kafka, pgbouncer::PgBouncer};
 use tokio_util::sync::CancellationToken;
 
@@ -179,11 +178,7 @@ async fn sample(
             .expect("the sample query");
         let (mut cl_waiting, mut maxwait) = (0, 0.0);
         if let (Some(admin), Some((_, database))) = (&bouncer, &bouncer_admin) {
-            for message in admin
-                .simple_query("SHOW POOLS")
-                .await
-                .expect("SHOW POOLS")
-            {
+            for message in admin.simple_query("SHOW POOLS").await.expect("SHOW POOLS") {
                 if let tokio_postgres::SimpleQueryMessage::Row(pool) = message
                     && pool.get("database") == Some(database.as_str())
                 {
@@ -250,6 +245,25 @@ impl Drop for Frozen {
     }
 }
 
+/// CPU time (user + system) the process `pid` used so far, in seconds
+/// (`/proc/PID/stat`, in clock ticks of 1/100 s).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: state is the
+    // first, utime the 12th and stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn blocking<T>(f: impl FnOnce() -> anyhow::Result<T>) -> T {
     tokio::task::block_in_place(f).unwrap_or_else(|e| panic!("{e:#}"))
 }
@@ -275,6 +289,7 @@ struct Expired {
 
 /// Per window of deadlines: the bookings' lateness `expired_at − deadline`.
 async fn lateness(db: &TestDb, as_of: DateTime<Utc>) -> Vec<Expired> {
+    use diesel_async::RunQueryDsl;
     let mut conn = db.conn().await;
     diesel::sql_query(
         "SELECT extract(epoch FROM least(reserve_expires_at, booking_expires_at) - $1)::float8 AS deadline, \
@@ -314,10 +329,7 @@ async fn freeze_scenario(pooling: Pooling) {
         .arg("run")
         .env("KAFKA_BOOTSTRAP_SERVERS", kafka.bootstrap())
         .env("KAFKA_TOPIC", &topic)
-        .env(
-            "EXPIRATION_INTERVAL",
-            format!("{}s", INTERVAL.as_secs()),
-        )
+        .env("EXPIRATION_INTERVAL", format!("{}s", INTERVAL.as_secs()))
         .env("METRICS_ADDR", &metrics_addr);
     match &bouncer {
         None => command.env("DATABASE_URL", &db.url),
@@ -327,6 +339,7 @@ async fn freeze_scenario(pooling: Pooling) {
             .env("DATABASE_DIRECT_URL", &db.url),
     };
     let mut running = Running::spawn(command);
+    let worker = running.child.id();
     wait_http_status(&metrics_addr, "/readyz", 200, Duration::from_secs(90)).await;
 
     // Bookings falling due at RATE a second from `as_of` on.
@@ -334,6 +347,7 @@ async fn freeze_scenario(pooling: Pooling) {
     let due = (RATE * spread.as_secs()) as i64;
     let as_of = wall_now() + chrono::Duration::from_std(LEAD).unwrap();
     let first_deadline = Instant::now() + LEAD;
+    let cpu_at_seeding = cpu_seconds(worker);
     let mut conn = db.conn().await;
     db::seed::seed(
         &mut conn,
@@ -366,11 +380,13 @@ async fn freeze_scenario(pooling: Pooling) {
         "publishing before the freeze (nothing published {BASELINE:?} into the deadlines)"
     );
     let freeze_from = Instant::now();
+    let cpu_at_freeze = cpu_seconds(worker);
     let frozen = Frozen::freeze(blocking(|| kafka.pid()));
     tokio::time::sleep(FREEZE).await;
     let unpublished_at_thaw = db.unpublished().await;
     frozen.thaw();
     let freeze_to = Instant::now();
+    let cpu_at_thaw = cpu_seconds(worker);
 
     wait_until(
         "every booking expired",
@@ -384,6 +400,7 @@ async fn freeze_scenario(pooling: Pooling) {
     .await;
     db.wait_all_published(Duration::from_secs(120)).await;
     let all_published_after = freeze_to.elapsed();
+    let cpu_at_end = cpu_seconds(worker);
     stop_sampling.cancel();
     let samples = sampler.await.expect("the sampler");
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -400,7 +417,10 @@ async fn freeze_scenario(pooling: Pooling) {
     for copies in by_key.values() {
         for copy in copies {
             assert_eq!(copy.header("ce_id"), copies[0].header("ce_id"));
-            assert_eq!(copy.value, copies[0].value, "a duplicate has the same bytes");
+            assert_eq!(
+                copy.value, copies[0].value,
+                "a duplicate has the same bytes"
+            );
         }
     }
     let duplicates = records.len() - by_key.len();
@@ -441,13 +461,11 @@ async fn freeze_scenario(pooling: Pooling) {
             .iter()
             .filter(|s| at(s.at) >= w.from && at(s.at) < w.samples_to)
             .collect();
-        let oldest = seen
-            .iter()
-            .max_by(|a, b| a.xact_age.total_cmp(&b.xact_age));
+        let oldest = seen.iter().max_by(|a, b| a.xact_age.total_cmp(&b.xact_age));
         let lag = seen.iter().map(|s| s.commit_lag).fold(0.0, f64::max);
         let waiting = seen.iter().map(|s| s.cl_waiting).max().unwrap_or(0);
         let waited = seen.iter().map(|s| s.maxwait).fold(0.0, f64::max);
-        let (first, last) = (seen.iter().next(), seen.iter().next_back());
+        let (first, last) = (seen.first(), seen.last());
         let (due_in, expired_in) = match (first, last) {
             (Some(a), Some(b)) => (b.due - a.due, b.expired - a.expired),
             _ => (0, 0),
@@ -486,10 +504,19 @@ async fn freeze_scenario(pooling: Pooling) {
         "FIGURES broker-freeze[{name}]: {due} bookings over {spread:?} ({RATE}/s); {published_before} \
          published before the freeze, {unpublished_at_thaw} waiting at SIGCONT; all published \
          {:.1} s after SIGCONT; {} records on the topic, {duplicates} duplicates (same ce_id and \
-         bytes); load average {}",
+         bytes); worker CPU {:.1} s before the freeze (from the seeding, {:.0} s), {:.1} s during \
+         it, {:.1} s in the {:.1} s from SIGCONT to all published; load average {}",
         all_published_after.as_secs_f64(),
         records.len(),
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        cpu_at_freeze - cpu_at_seeding,
+        (freeze_from - first_deadline + LEAD).as_secs_f64(),
+        cpu_at_thaw - cpu_at_freeze,
+        cpu_at_end - cpu_at_thaw,
+        all_published_after.as_secs_f64(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     );
 
     assert_eq!(by_key.len() as i64, due, "every booking on the topic");

@@ -97,12 +97,16 @@ async fn produce_errors(addr: &str, code: &str) -> u64 {
 fn failure_lines(log: &str) -> BTreeMap<String, Vec<String>> {
     let mut lines: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for line in log.lines() {
-        if !(line.contains("TOPIC_AUTHORIZATION_FAILED") || line.contains("TopicAuthorizationFailed"))
+        if !(line.contains("TOPIC_AUTHORIZATION_FAILED")
+            || line.contains("TopicAuthorizationFailed"))
         {
             continue;
         }
         let Ok(json) = serde_json::from_str::<serde_json::Value>(line) else {
-            lines.entry("not JSON".into()).or_default().push(line.into());
+            lines
+                .entry("not JSON".into())
+                .or_default()
+                .push(line.into());
             continue;
         };
         if !matches!(json["level"].as_str(), Some("WARN" | "ERROR")) {
