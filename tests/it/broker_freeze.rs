@@ -133,7 +133,8 @@ const SAMPLE_SQL: &str = "\
 WITH x AS (
   SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8 AS age,
          coalesce(application_name, '') || ' ' || coalesce(state, '') || ' ('
-           || coalesce(wait_event_type || '/' || wait_event, 'on CPU') || '): ' || left(query, 80) AS what
+           || coalesce(wait_event_type || '/' || wait_event, 'on CPU') || '): '
+           || regexp_replace(left(query, 100), '\\s+', ' ', 'g') AS what
     FROM pg_stat_activity
    WHERE datname = current_database() AND pid <> pg_backend_pid()
      AND backend_type = 'client backend' AND xact_start IS NOT NULL
