@@ -30,8 +30,10 @@
 //!   unexpired booking fell due, sampled: what `expired_at`, the cycle's
 //!   start, does not show) never above [`COMMIT_LAG_MAX`] (3 s:
 //!   `EXPIRATION_INTERVAL` plus 2 s for a cycle on a loaded 2-core
-//!   machine) during the freeze. A worker whose expiry waited on the
-//!   broker would fall behind by the whole freeze (20 s).
+//!   machine), or the baseline's longest plus [`COMMIT_LAG_SLACK`] (1 s)
+//!   when the machine is loaded more than that, during the freeze. A
+//!   worker whose expiry waited on the broker would fall behind by the
+//!   whole freeze (20 s).
 //! - **Everything published after SIGCONT**: every booking on the topic,
 //!   duplicates only with the same `ce_id` and bytes (counted, printed).
 //! - **Behind PgBouncer** (transaction pooling, `default_pool_size=2`,
@@ -91,8 +93,11 @@ const INTERVAL: Duration = Duration::from_secs(1);
 const LATENESS_SLACK: Duration = Duration::from_millis(500);
 /// The oldest due but unexpired booking never older than this during the
 /// freeze: [`INTERVAL`] plus 2 s for a cycle on a loaded 2-core machine
-/// (up to 2.4 s measured there without a fault, in the baseline).
+/// (up to 2.4 s measured there without a fault, in the baseline) ...
 const COMMIT_LAG_MAX: Duration = Duration::from_secs(3);
+/// ... or than the baseline's longest plus this, when the machine's load
+/// makes the baseline's longer.
+const COMMIT_LAG_SLACK: Duration = Duration::from_secs(1);
 /// PgBouncer's `maxwait` under this at every sample during the freeze.
 const POOL_WAIT_MAX: Duration = Duration::from_millis(500);
 
@@ -525,9 +530,12 @@ async fn freeze_scenario(pooling: Pooling) {
         unpublished_at_thaw > 0,
         "the frozen broker held publishing up (nothing waited at SIGCONT)"
     );
-    let (baseline_n, baseline_p99, ..) = figures["baseline"];
+    let (baseline_n, baseline_p99, _, _, baseline_lag, _) = figures["baseline"];
     let (freeze_n, freeze_p99, freeze_samples, oldest_xact, lag, waited) = figures["freeze"];
     assert!(baseline_n > 0 && freeze_n > 0, "bookings in both windows");
+    let lag_bound = COMMIT_LAG_MAX
+        .as_secs_f64()
+        .max(baseline_lag + COMMIT_LAG_SLACK.as_secs_f64());
     assert!(
         freeze_samples as f64 >= FREEZE.as_secs_f64() / SAMPLE_EVERY.as_secs_f64() / 2.0,
         "the freeze was sampled: {freeze_samples} samples"
@@ -543,8 +551,9 @@ async fn freeze_scenario(pooling: Pooling) {
          {baseline_p99:.2} s)"
     );
     assert!(
-        lag <= COMMIT_LAG_MAX.as_secs_f64(),
-        "the oldest due booking waited {lag:.2} s during the freeze (bound {COMMIT_LAG_MAX:?})"
+        lag <= lag_bound,
+        "the oldest due booking waited {lag:.2} s during the freeze (bound {lag_bound:.2} s, \
+         baseline {baseline_lag:.2} s)"
     );
     if pooling == Pooling::PgBouncer {
         assert!(
