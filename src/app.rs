@@ -16,8 +16,8 @@ pub use status::{PhaseStatus, PoisonRow, StatusReport, status};
 use crate::{
     clock::{Clock, SystemClock},
     config::{
-        ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
-        ShutdownSettings, StartupChecks,
+        ConfigError, DatabaseSettings, EventSettings, ExpirySettings, PasswordSource, SeedSettings,
+        Settings, ShutdownSettings, StartupChecks,
     },
     context::TaskContext,
     db::{self, DbError, privileges::Use},
@@ -84,6 +84,33 @@ fn check_database(database: &DatabaseSettings) -> Result<(), ConfigError> {
         db::tls::check("DATABASE_DIRECT_URL", direct)?;
     }
     Ok(())
+}
+
+/// Says which database a command connects to and where its password comes
+/// from (`url`, `PGPASSWORD`, `passfile PATH` or `none`; never the
+/// password), and warns about a password file that is ignored (named with
+/// its mode, never its content). Every command that connects says it
+/// first; `run` in its start-up line.
+pub fn announce_database(database: &DatabaseSettings) {
+    tracing::info!(
+        database = %database.url.redacted(),
+        password = %database.url.password_source(),
+        "connecting to PostgreSQL"
+    );
+    warn_ignored_passfile(database);
+}
+
+/// The warning of a password file that is ignored, for each URL.
+fn warn_ignored_passfile(database: &DatabaseSettings) {
+    for url in std::iter::once(&database.url).chain(database.direct_url.as_ref()) {
+        if let PasswordSource::None {
+            problem: Some(problem),
+            ..
+        } = url.password_source()
+        {
+            tracing::warn!("{problem}");
+        }
+    }
 }
 
 /// `migrate`: applies pending migrations.
@@ -164,7 +191,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     };
     let pool = &context.pool;
     let listener = http::bind(metrics_addr).await?;
-    tracing::info!(%metrics_addr, database = %db_settings.url.redacted(), pooler = %db_settings.pooler, "starting");
+    tracing::info!(
+        %metrics_addr,
+        database = %db_settings.url.redacted(),
+        password = %db_settings.url.password_source(),
+        pooler = %db_settings.pooler,
+        "starting"
+    );
+    warn_ignored_passfile(&db_settings);
     if !db_settings.pooler.keeps_sessions() {
         tracing::info!(
             "DATABASE_POOLER=transaction: no prepared statement outlives its transaction and no \

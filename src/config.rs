@@ -23,9 +23,11 @@ pub mod defaults;
 mod expiry;
 mod http;
 mod kafka;
+pub mod libpq_env;
 pub mod parse;
 pub mod pg_tls;
 pub mod pg_url;
+pub mod pgpass;
 mod publisher;
 pub mod ranges;
 pub(crate) mod secret;
@@ -36,7 +38,7 @@ use std::time::Duration;
 pub use cli::{
     Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, OutboxCommand, RepublishArgs, RunArgs,
 };
-pub use database::{DatabaseSettings, DatabaseUrl, Pooler};
+pub use database::{ConnectPlan, DatabaseSettings, DatabaseUrl, PasswordSource, Pooler};
 use defaults::AsText as _;
 pub use expiry::{EventSettings, ExpirySettings, ShutdownSettings};
 pub use http::HttpSettings;
@@ -44,6 +46,7 @@ pub use kafka::{
     Compression, KafkaClientCert, KafkaSettings, KafkaTls, SaslMechanism, SaslSettings,
     SecurityProtocol,
 };
+pub use libpq_env::LibpqEnv;
 pub use publisher::PublisherSettings;
 pub use seed::SeedSettings;
 
@@ -208,7 +211,7 @@ mod tests {
     fn database_url_errors_never_echo_the_password() {
         for raw in [
             "mysql://u:s3cret@h/db",
-            "postgres://u:s3cret@/db",
+            "postgres://u:s3cret@h,/db",
             "not a url s3cret",
             "postgres://u:s3cret@h:99999/db",
         ] {

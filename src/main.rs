@@ -8,7 +8,7 @@ use anyhow::Context;
 use booking_expiration::{
     app::{self, AppError},
     clock::SystemClock,
-    config::{Cli, Command, ConfigError, DatabaseArgs, OutboxCommand, Settings},
+    config::{Cli, Command, ConfigError, DatabaseArgs, DatabaseSettings, OutboxCommand, Settings},
     db::{outbox::Unpark, replay::Selection},
     telemetry::{
         logging,
@@ -76,13 +76,20 @@ fn execute(command: Command) -> anyhow::Result<()> {
     let invalid = AppError::Config;
     // Every command's database settings, with the start-up checks that need
     // the TLS library (certificate files, the CPU).
+    // Each says where it connects and where the password comes from, once
+    // its settings are valid.
     let database_settings = |args: DatabaseArgs| args.settings().and_then(app::checked_database);
+    let announced = |settings: DatabaseSettings| {
+        app::announce_database(&settings);
+        settings
+    };
     match command {
         Command::Migrate { database, check } => {
             // A session: DATABASE_URL, or DATABASE_DIRECT_URL past a
             // transaction pooler (required there).
             let database = database_settings(database)
                 .and_then(|settings| settings.for_migrate())
+                .map(announced)
                 .map_err(invalid)?;
             block_on(async |_| {
                 if check {
@@ -103,7 +110,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
             shutdown,
             events,
         } => {
-            let database = database_settings(database).map_err(invalid)?;
+            let database = database_settings(database)
+                .map(announced)
+                .map_err(invalid)?;
             block_on(async |stop| {
                 let report = app::once(&database, expiry, events, shutdown, stop).await?;
                 out(&serde_json::to_string(&report)?)?;
@@ -111,7 +120,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Status { database, json } => {
-            let database = database_settings(database).map_err(invalid)?;
+            let database = database_settings(database)
+                .map(announced)
+                .map_err(invalid)?;
             block_on(async |_| {
                 let report = app::status(&database, &SystemClock).await?;
                 if json {
@@ -130,7 +141,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
                     all_parked,
                 },
         } => {
-            let database = database_settings(database).map_err(invalid)?;
+            let database = database_settings(database)
+                .map(announced)
+                .map_err(invalid)?;
             let which = if all_parked {
                 Unpark::All
             } else {
@@ -143,6 +156,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Republish(args) => {
+            // Announced by `republish` once its selection is checked.
             let database = database_settings(args.database).map_err(invalid)?;
             let request = app::RepublishRequest {
                 selection: Selection {
@@ -194,7 +208,9 @@ fn execute(command: Command) -> anyhow::Result<()> {
             })
         }
         Command::Seed { database, seed } => {
-            let database = database_settings(database).map_err(invalid)?;
+            let database = database_settings(database)
+                .map(announced)
+                .map_err(invalid)?;
             block_on(async |_| {
                 let inserted = app::seed(&database, &seed, &SystemClock).await?;
                 out(&format!("{{\"inserted\":{inserted}}}"))?;

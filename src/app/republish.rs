@@ -312,6 +312,7 @@ pub async fn republish(
     mut on_batch: impl FnMut(&RepublishReport),
 ) -> Result<RepublishReport, AppError> {
     check(request)?;
+    super::announce_database(database);
     let mut conn = db::establish(database).await?;
     db::privileges::check(&mut conn, &[Use::Republish]).await?;
     let mut report = RepublishReport {

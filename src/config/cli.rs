@@ -8,10 +8,11 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, Pooler, PublisherSettings,
+    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, LibpqEnv, Pooler, PublisherSettings,
     SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings, ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
+    pg_url::PgUrl,
     ranges,
     secret::Secret,
 };
@@ -173,8 +174,8 @@ pub struct RunArgs {
 pub struct DatabaseArgs {
     /// PostgreSQL URL (postgres://user:password@host:port/database).
     #[arg(id = "DATABASE_URL", long = "database-url", env = "DATABASE_URL", hide_env_values = true,
-          value_parser = setting(parse::database_url))]
-    pub database_url: Option<DatabaseUrl>,
+          value_parser = setting(database_url))]
+    pub database_url: Option<PgUrl>,
     /// Maximum connections in the pool; 1 to 1000.
     #[arg(id = "DATABASE_POOL_SIZE", long = "database-pool-size", env = "DATABASE_POOL_SIZE",
           default_value = text!(defaults::DATABASE_POOL_SIZE),
@@ -196,21 +197,40 @@ pub struct DatabaseArgs {
     /// A direct PostgreSQL URL past the pooler, for what needs a session:
     /// the commit wake-up (LISTEN) and migrate.
     #[arg(id = "DATABASE_DIRECT_URL", long = "database-direct-url", env = "DATABASE_DIRECT_URL",
-          hide_env_values = true, value_parser = setting(parse::database_url))]
-    pub database_direct_url: Option<DatabaseUrl>,
+          hide_env_values = true, value_parser = setting(database_url))]
+    pub database_direct_url: Option<PgUrl>,
+    /// libpq's environment (`PGHOST`, `PGPASSWORD`, `PGSSLMODE`, ...): each
+    /// where the URLs leave its parameter out.
+    #[command(flatten)]
+    pub libpq: LibpqEnv,
+}
+
+/// A URL's grammar (libpq's, [`PgUrl::parse`]): what it means, its TLS
+/// parameters included, is settled with libpq's environment in
+/// [`DatabaseArgs::settings`] (a `PGSSLCERT` may complete the URL's
+/// `sslkey`, say).
+fn database_url(raw: &str) -> Result<PgUrl, parse::Problem> {
+    PgUrl::parse(raw).map_err(|error| error.to_string())
 }
 
 impl DatabaseArgs {
+    /// The settings, libpq's environment applied to both URLs.
     pub fn settings(self) -> Result<DatabaseSettings, ConfigError> {
+        let url = self
+            .database_url
+            .ok_or_else(|| ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)"))
+            .and_then(|url| DatabaseUrl::with_env(url, &self.libpq, "DATABASE_URL"))?;
+        let direct_url = self
+            .database_direct_url
+            .map(|direct| DatabaseUrl::with_env(direct, &self.libpq, "DATABASE_DIRECT_URL"))
+            .transpose()?;
         Ok(DatabaseSettings {
-            url: self.database_url.ok_or_else(|| {
-                ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)")
-            })?,
+            url,
             pool_size: self.database_pool_size,
             connect_timeout: self.database_connect_timeout,
             statement_timeout: self.database_statement_timeout,
             pooler: self.database_pooler,
-            direct_url: self.database_direct_url,
+            direct_url,
             is_direct: false,
         })
     }
@@ -228,7 +248,7 @@ pub struct KafkaArgs {
     #[arg(id = "KAFKA_CLIENT_ID", long = "kafka-client-id", env = "KAFKA_CLIENT_ID",
           default_value = defaults::KAFKA_CLIENT_ID)]
     pub kafka_client_id: String,
-    /// Limit of one metadata or produce exchange, retries included; 100ms to 10m.
+    /// Limit of one metadata read or one partition's produce request; 100ms to 10m.
     #[arg(id = "KAFKA_REQUEST_TIMEOUT", long = "kafka-request-timeout", env = "KAFKA_REQUEST_TIMEOUT",
           default_value = text!(defaults::KAFKA_REQUEST_TIMEOUT), value_parser = parse::within(&ranges::KAFKA_REQUEST_TIMEOUT))]
     pub kafka_request_timeout: Duration,
@@ -579,6 +599,18 @@ mod tests {
             "DATABASE_STATEMENT_TIMEOUT",
             "DATABASE_POOLER",
             "DATABASE_DIRECT_URL",
+            "PGHOST",
+            "PGPORT",
+            "PGDATABASE",
+            "PGUSER",
+            "PGPASSWORD",
+            "PGPASSFILE",
+            "PGSSLMODE",
+            "PGSSLROOTCERT",
+            "PGSSLCERT",
+            "PGSSLKEY",
+            "PGAPPNAME",
+            "PGCONNECT_TIMEOUT",
             "EXPIRATION_INTERVAL",
             "EXPIRATION_BATCH_SIZE",
             "EXPIRATION_MAX_BATCHES_PER_CYCLE",
@@ -725,15 +757,16 @@ mod tests {
                 .sasl
                 .is_none()
         );
-        let error = with(&["--kafka-request-timeout", "31s"]).unwrap_err();
-        assert_eq!(error.setting, "KAFKA_REQUEST_TIMEOUT");
+        // No transaction waits on Kafka: its timeout and the statement
+        // timeout no longer constrain each other.
         assert!(
-            error.problem.contains("DATABASE_STATEMENT_TIMEOUT"),
-            "{error}"
-        );
-        assert!(
-            with(&["--kafka-request-timeout", "31s", "--no-publisher"]).is_ok(),
-            "no Kafka, no rule"
+            with(&[
+                "--kafka-request-timeout",
+                "5m",
+                "--database-statement-timeout",
+                "1s"
+            ])
+            .is_ok()
         );
     }
 
@@ -946,7 +979,7 @@ mod tests {
     /// settings (named, with the other setting): never a range error.
     fn assert_starts(setting: &str, value: &str, range: &str) {
         if let Err(error) = outcome_of(setting, value) {
-            let rules = ["KAFKA_REQUEST_TIMEOUT", "LIVENESS_WINDOW"];
+            let rules = ["LIVENESS_WINDOW"];
             assert!(
                 rules.contains(&error.setting.as_str()) && !error.problem.contains(range),
                 "{setting}={value:?} is inside {range} but: {error}"
@@ -1134,7 +1167,7 @@ mod tests {
         /// `Debug` of the parsed command line and of the settings (what a
         /// panic message or a `{:?}` in a log would print), and every
         /// setting error, hold neither the database password (in the URL
-        /// raw, or percent-encoded) nor `KAFKA_SASL_PASSWORD`.
+        /// raw, or percent-encoded, or `PGPASSWORD`) nor `KAFKA_SASL_PASSWORD`.
         #[test]
         fn no_debug_of_the_settings_holds_a_secret(
             secret in "[ -~é€]{10,30}",
@@ -1147,6 +1180,7 @@ mod tests {
                 "run", "--database-url", &url, "--database-direct-url", &direct,
                 "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
                 "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
+                "--pgpassword", &secret,
             ];
             let forms = [secret.clone(), super::super::pg_url::percent_encode(&secret)];
             let hidden = |text: String| {

@@ -61,7 +61,8 @@ impl fmt::Display for Compression {
 pub struct KafkaSettings {
     pub bootstrap_servers: Vec<String>,
     pub client_id: String,
-    /// Bounds one whole produce (see [`super::Settings::stop_grace`]).
+    /// Bounds one Kafka call on this side: a metadata read, or one
+    /// partition's produce request (`outbox::Timing::request_timeout`).
     pub request_timeout: Duration,
     pub create_topic: bool,
     pub topic_partitions: i32,

@@ -104,12 +104,16 @@ pub enum Verify {
     ChainAndName,
 }
 
-/// The TLS settings of `DATABASE_URL`.
+/// The TLS settings of `DATABASE_URL` (and of libpq's `PGSSL*`
+/// variables where the URL does not give the parameter).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PgTls {
     pub mode: SslMode,
     pub root: RootCerts,
     pub client: Option<ClientCert>,
+    /// The parameters that came from a `PGSSL*` variable, with its name
+    /// (errors about them name the variable).
+    pub from_env: Vec<(&'static str, &'static str)>,
 }
 
 impl Default for PgTls {
@@ -118,6 +122,7 @@ impl Default for PgTls {
             mode: SslMode::Prefer,
             root: RootCerts::Unset,
             client: None,
+            from_env: Vec::new(),
         }
     }
 }
@@ -138,18 +143,73 @@ impl PgTls {
     pub fn may_use_tls(&self) -> bool {
         self.mode != SslMode::Disable
     }
+
+    /// The setting a parameter's value came from: its `PGSSL*` variable,
+    /// or `url_setting` (`DATABASE_URL`, `DATABASE_DIRECT_URL`).
+    pub fn setting_of<'a>(&self, param: &str, url_setting: &'a str) -> &'a str {
+        self.from_env
+            .iter()
+            .find(|(p, _)| *p == param)
+            .map_or(url_setting, |(_, variable)| variable)
+    }
+}
+
+/// libpq's TLS variables: each the default of its URL parameter.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TlsEnv<'a> {
+    pub sslmode: Option<SslMode>,
+    pub sslrootcert: Option<&'a str>,
+    pub sslcert: Option<&'a str>,
+    pub sslkey: Option<&'a str>,
 }
 
 /// The parameters this module reads; [`super::DatabaseUrl`] passes every
 /// other one to tokio-postgres.
 pub const TLS_PARAMETERS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
-/// The TLS settings of a parsed URL's query parameters. The problem text
-/// never contains the URL.
-pub fn from_params(url: &PgUrl) -> Result<PgTls, String> {
+/// The TLS settings of a parsed URL's query parameters, each missing one
+/// taken from `env` (libpq's `PGSSL*` variables), as libpq does. The error
+/// is (the setting to name, the problem): the variable when the value came
+/// from one, else `url_setting`. Its text never contains the URL.
+pub fn from_params(
+    url: &PgUrl,
+    env: &TlsEnv<'_>,
+    url_setting: &'static str,
+) -> Result<PgTls, (&'static str, String)> {
+    let mut from_env = Vec::new();
+    let mut value = |param: &'static str, variable: &'static str, fallback: Option<&str>| match url
+        .param(param)
+    {
+        Some(value) => Some(value.to_owned()),
+        None => {
+            let value = fallback.filter(|v| !v.is_empty())?;
+            from_env.push((param, variable));
+            Some(value.to_owned())
+        }
+    };
     // As in libpq and tokio-postgres, a later value wins.
-    let mode = url.param("sslmode").map(parse_mode).transpose()?;
-    let root = match url.param("sslrootcert") {
+    let mode = match url.param("sslmode") {
+        Some(mode) => Some(parse_mode(mode).map_err(|e| (url_setting, e))?),
+        None => env.sslmode,
+    };
+    let mode_setting = if url.param("sslmode").is_none() && mode.is_some() {
+        "PGSSLMODE"
+    } else {
+        url_setting
+    };
+    let root_text = value("sslrootcert", "PGSSLROOTCERT", env.sslrootcert);
+    let cert = value("sslcert", "PGSSLCERT", env.sslcert).filter(|v| !v.is_empty());
+    let key = value("sslkey", "PGSSLKEY", env.sslkey).filter(|v| !v.is_empty());
+    if mode_setting == "PGSSLMODE" {
+        from_env.push(("sslmode", "PGSSLMODE"));
+    }
+    let tls_setting = |param: &str| {
+        from_env
+            .iter()
+            .find(|(p, _)| *p == param)
+            .map_or(url_setting, |(_, v)| *v)
+    };
+    let root = match root_text.as_deref() {
         None | Some("") => RootCerts::Unset,
         Some("system") => RootCerts::System,
         Some(path) => RootCerts::File(PathBuf::from(path)),
@@ -157,37 +217,56 @@ pub fn from_params(url: &PgUrl) -> Result<PgTls, String> {
     let mode = match (mode, &root) {
         (None, RootCerts::System) => SslMode::VerifyFull,
         (Some(mode), RootCerts::System) if mode != SslMode::VerifyFull => {
-            return Err(format!(
-                "sslmode={mode} may not be used with sslrootcert=system (use verify-full, as libpq requires)"
+            return Err((
+                mode_setting,
+                format!(
+                    "sslmode={mode} may not be used with sslrootcert=system (use verify-full, as libpq requires)"
+                ),
             ));
         }
         // libpq refuses verify-ca without a root certificate file: public
         // roots without a host name check would accept any publicly
         // trusted certificate, issued for any name.
         (Some(SslMode::VerifyCa), RootCerts::Unset) => {
-            return Err(
+            return Err((
+                mode_setting,
                 "sslmode=verify-ca needs sslrootcert=FILE, the CA the server's \
-                        certificate must chain to (libpq refuses verify-ca without one; \
-                        for public CAs use verify-full)"
+                 certificate must chain to (libpq refuses verify-ca without one; \
+                 for public CAs use verify-full)"
                     .to_owned(),
-            );
+            ));
         }
         (mode, _) => mode.unwrap_or(SslMode::Prefer),
     };
-    let non_empty = |key: &str| url.param(key).filter(|v| !v.is_empty());
-    let client = match (non_empty("sslcert"), non_empty("sslkey")) {
+    let client = match (cert, key) {
         (None, None) => None,
         (Some(cert), Some(key)) => Some(ClientCert {
             cert: cert.into(),
             key: key.into(),
         }),
-        (Some(_), None) => return Err("sslcert is given without sslkey".to_owned()),
-        (None, Some(_)) => return Err("sslkey is given without sslcert".to_owned()),
+        (Some(_), None) => {
+            return Err((
+                tls_setting("sslcert"),
+                "sslcert is given without sslkey (PGSSLKEY)".to_owned(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err((
+                tls_setting("sslkey"),
+                "sslkey is given without sslcert (PGSSLCERT)".to_owned(),
+            ));
+        }
     };
-    Ok(PgTls { mode, root, client })
+    Ok(PgTls {
+        mode,
+        root,
+        client,
+        from_env,
+    })
 }
 
-fn parse_mode(value: &str) -> Result<SslMode, String> {
+/// `sslmode`'s value.
+pub fn parse_mode(value: &str) -> Result<SslMode, String> {
     SslMode::ALL
         .into_iter()
         .find(|mode| mode.as_str() == value)
@@ -202,7 +281,15 @@ mod tests {
     use super::*;
 
     fn tls_of(raw: &str) -> Result<PgTls, String> {
-        from_params(&PgUrl::parse(raw).expect("a valid URL"))
+        tls_with(raw, &TlsEnv::default()).map_err(|(_, problem)| problem)
+    }
+
+    fn tls_with(raw: &str, env: &TlsEnv<'_>) -> Result<PgTls, (&'static str, String)> {
+        from_params(
+            &PgUrl::parse(raw).expect("a valid URL"),
+            env,
+            "DATABASE_URL",
+        )
     }
 
     fn split(raw: &str) -> PgTls {
@@ -316,7 +403,7 @@ mod tests {
             "sslmode \"verify\" is not one of disable, allow, prefer, require, verify-ca, verify-full"
         );
         let error = tls_of("postgres://u:s3cret@h/db?sslcert=/c.pem").unwrap_err();
-        assert_eq!(error, "sslcert is given without sslkey");
+        assert_eq!(error, "sslcert is given without sslkey (PGSSLKEY)");
         let error = tls_of("postgres://u:s3cret@h/db?sslkey=/k.pem").unwrap_err();
         assert!(!error.contains("s3cret"));
     }

@@ -17,7 +17,10 @@
 //!   percent-encoded path (`%2Fvar%2Frun%2Fpostgresql`) is a Unix socket
 //!   directory. `host`, `port`, `user`, `password` and `dbname` may also be
 //!   query parameters; a query parameter wins over the same part of the
-//!   authority, as in libpq.
+//!   authority, as in libpq. A URL may have no host at all
+//!   (`postgres:///crm`, `postgresql://user@/crm`): as in libpq, `PGHOST`
+//!   or the default socket directory then applies
+//!   ([`super::DatabaseUrl::with_env`]).
 //!
 //! Where this parser differs from libpq it refuses rather than guesses
 //! (docs/configuration.md, "PostgreSQL TLS", differences from libpq):
@@ -49,6 +52,12 @@ use std::fmt;
 pub struct Password(Vec<u8>);
 
 impl Password {
+    /// A password from elsewhere than a URL (`PGPASSWORD`, the password
+    /// file).
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(bytes.into())
+    }
+
     /// The password's bytes (percent-decoded; not necessarily UTF-8).
     pub fn expose(&self) -> &[u8] {
         &self.0
@@ -168,8 +177,6 @@ pub enum UrlError {
     Nul(Part),
     #[error("{0} is not UTF-8 once percent-decoded")]
     NotUtf8(Part),
-    #[error("has no host")]
-    NoHost,
     #[error(
         "a host is not a valid name or address (an '@' or '/' in the password? \
          percent-encode them as %40 and %2F)"
@@ -203,9 +210,7 @@ impl UrlError {
     /// (a '/' or '@' in it): a bad host, port or database name.
     fn may_be_a_password_character(&self) -> bool {
         match self {
-            UrlError::BadHost | UrlError::BadPort | UrlError::AtInDatabase | UrlError::NoHost => {
-                true
-            }
+            UrlError::BadHost | UrlError::BadPort | UrlError::AtInDatabase => true,
             UrlError::Percent(part) | UrlError::Nul(part) | UrlError::NotUtf8(part) => {
                 matches!(part, Part::Host | Part::Database)
             }
@@ -454,10 +459,6 @@ struct Parsed {
 
 impl Parsed {
     fn finish(self, scheme: &'static str) -> Result<PgUrl, UrlError> {
-        let has_host_param = self.params.iter().any(|(k, _)| k == "host");
-        if self.hosts.is_empty() && !has_host_param {
-            return Err(UrlError::NoHost);
-        }
         Ok(PgUrl {
             scheme,
             authority_user: self.user,
@@ -617,6 +618,16 @@ mod tests {
             url.redacted(),
             "postgresql://%2Fvar%2Flib%2Fpostgresql/dbname"
         );
+        // No host: libpq's default socket directory (or PGHOST).
+        for raw in ["postgres:///crm", "postgresql://app@/crm", "postgres://"] {
+            let url = parse(raw);
+            assert!(url.hosts.is_empty(), "{raw}");
+            assert_eq!(url.redacted(), raw);
+        }
+        assert_eq!(parse("postgresql://app@/crm").user(), Some("app"));
+        let url = parse("postgres://app:s3cret@/crm");
+        assert_eq!(password(&url).as_deref(), Some("s3cret"));
+        assert_eq!(url.redacted(), "postgres://app:***@/crm");
         let url = parse("postgres://h1:5433,h2,[::1]:5435/db");
         assert_eq!(url.hosts.len(), 3);
         assert_eq!(url.hosts[1], host("h2", None));
@@ -692,7 +703,6 @@ mod tests {
                 UrlError::UnknownParameterHidden,
             ),
             ("postgres://app:s3cret@db:99999/crm", UrlError::BadPort),
-            ("postgres://app:s3cret@/crm", UrlError::NoHost),
             ("postgres://app:s3cret@[::1/crm", UrlError::BadHost),
             (
                 "postgres://app:s3cret@db/crm?sslmode",

@@ -12,7 +12,7 @@ use super::{
 /// The outbox publisher's claim, wake-up and retention.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct PublisherSettings {
-    /// Outbox rows claimed per transaction; 1 to 10000.
+    /// Most records in one produce request and rows in one claim; 1 to 10000.
     #[arg(id = "OUTBOX_BATCH_SIZE", long = "outbox-batch-size", env = "OUTBOX_BATCH_SIZE",
           default_value = text!(defaults::OUTBOX_BATCH_SIZE),
           value_parser = parse::count_within::<u32>(&ranges::OUTBOX_BATCH_SIZE))]

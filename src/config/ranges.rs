@@ -154,8 +154,8 @@ pub const OUTBOX_POLL_INTERVAL: Range<Duration> =
 pub const OUTBOX_RETENTION: Range<Duration> = duration("OUTBOX_RETENTION", secs(0), days(365));
 
 /// Floor: a produce with `acks=all` takes a few ms on a healthy cluster;
-/// below 100 ms every produce would time out. Ceiling: a publish
-/// transaction waits idle this long, and a stop waits one whole produce.
+/// below 100 ms every produce would time out. Ceiling: a silent broker
+/// holds its partitions' rows this long before they are sent again.
 pub const KAFKA_REQUEST_TIMEOUT: Range<Duration> =
     duration("KAFKA_REQUEST_TIMEOUT", ms(100), minutes(10));
 

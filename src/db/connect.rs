@@ -63,6 +63,11 @@ impl Failure {
                     // target_session_attrs=read-write, the last host's
                     // "database does not allow writes").
                     match error.source() {
+                        // tokio-postgres's words for a server that asks
+                        // for a password the configuration has not.
+                        Some(cause) if cause.to_string() == "password missing" => {
+                            NO_PASSWORD_GIVEN.to_owned()
+                        }
                         Some(cause) => format!("{error}: {cause}"),
                         None => error.to_string(),
                     }
@@ -132,13 +137,16 @@ fn explain(error: &rustls::Error, tls: &PgTls) -> String {
 /// Opens one connection as `DATABASE_URL` says, with libpq's semantics:
 /// with several hosts, each is tried in turn (its own name checked under
 /// `verify-full`) until one accepts and, with
-/// `target_session_attrs=read-write`, is writable.
+/// `target_session_attrs=read-write`, is writable. The password file, when
+/// it is the password's source, is read now (as libpq reads it for every
+/// connection); when it gives the hosts different passwords each host is
+/// tried on its own with its own. An authentication failure without any
+/// password says where none was found.
 pub async fn connect(
     url: &DatabaseUrl,
     pooler: Pooler,
 ) -> Result<AsyncPgConnection, ConnectionError> {
     let tls = url.tls();
-    let config = url.config();
     let tls_usable = cpu_supported();
     if !tls_usable && matches!(tls.mode, SslMode::Allow | SslMode::Prefer) {
         static WARNED: Once = Once::new();
@@ -146,7 +154,86 @@ pub async fn connect(
             tracing::warn!(sslmode = %tls.mode, "this CPU cannot run the TLS library (graviola needs x86_64 with AVX2/ADX/BMI2, or aarch64); connecting to PostgreSQL without TLS");
         });
     }
-    let result = match tls.mode {
+    // Reads the password file, when it is the source: a small local file,
+    // read in place as the certificate files are.
+    let plan = url.connect_plan();
+    let mut last = None;
+    for config in &plan.configs {
+        match connect_one(config, tls, tls_usable, pooler).await {
+            Ok(conn) => return Ok(conn),
+            Err(failure) => last = Some(failure),
+        }
+    }
+    let error = match last {
+        Some(Failure::Setup(error)) => error,
+        Some(other) => {
+            let mut text = other.describe(tls);
+            // Which socket file was missing or refused, as libpq says.
+            if text.starts_with("error connecting to server")
+                && let Some(config) = plan.configs.last()
+                && let sockets = socket_files(config)
+                && !sockets.is_empty()
+            {
+                text.push_str(&format!(" (Unix socket {})", sockets.join(", ")));
+            }
+            ConnectionError::BadConnection(text)
+        }
+        None => ConnectionError::BadConnection("no host to connect to".to_owned()),
+    };
+    Err(match (error, plan.no_password) {
+        (ConnectionError::BadConnection(text), Some(none)) if is_about_the_password(&text) => {
+            ConnectionError::BadConnection(format!("{text} ({none})"))
+        }
+        (error, _) => error,
+    })
+}
+
+/// The socket files of `config`'s Unix-socket hosts
+/// (`DIR/.s.PGSQL.PORT`, the file PostgreSQL listens on in DIR).
+fn socket_files(config: &tokio_postgres::Config) -> Vec<String> {
+    let ports = config.get_ports();
+    config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, host)| match host {
+            tokio_postgres::config::Host::Unix(dir) => {
+                let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+                Some(format!("{}/.s.PGSQL.{port}", dir.display()))
+            }
+            tokio_postgres::config::Host::Tcp(_) => None,
+        })
+        .collect()
+}
+
+/// A server that asks for a password when none was given.
+const NO_PASSWORD_GIVEN: &str = "the server asks for a password and none was given";
+
+/// Whether a failure is the server asking for a password it did not get,
+/// or refusing the one it got.
+fn is_about_the_password(text: &str) -> bool {
+    text.contains("password authentication failed") || text.contains(NO_PASSWORD_GIVEN)
+}
+
+/// One attempt with `config` in the `sslmode` of `tls`. libpq never uses
+/// TLS over a Unix socket (`sslmode` does not apply there): every host a
+/// socket, the connection is plain in every mode.
+async fn connect_one(
+    config: &tokio_postgres::Config,
+    tls: &PgTls,
+    tls_usable: bool,
+    pooler: Pooler,
+) -> Result<AsyncPgConnection, Failure> {
+    let all_sockets = !config.get_hosts().is_empty()
+        && config.get_hostaddrs().is_empty()
+        && config
+            .get_hosts()
+            .iter()
+            .all(|host| matches!(host, tokio_postgres::config::Host::Unix(_)));
+    if all_sockets {
+        return plain(config, pooler).await;
+    }
+    match tls.mode {
         SslMode::Disable => plain(config, pooler).await,
         SslMode::Allow => match plain(config, pooler).await {
             Err(first) if tls_usable && first.retry_other_mode() => {
@@ -166,11 +253,7 @@ pub async fn connect(
         SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
             encrypted(config, tls, WireSslMode::Require, pooler).await
         }
-    };
-    result.map_err(|failure| match failure {
-        Failure::Setup(error) => error,
-        other => ConnectionError::BadConnection(other.describe(tls)),
-    })
+    }
 }
 
 /// Both attempts of a libpq fallback, in one line.

@@ -32,8 +32,16 @@ fn session_setup_sql(settings: &DatabaseSettings) -> String {
     // timeout only bounds DDL-style surprises. An idle transaction (a
     // process frozen mid-batch) is ended by the server so its row locks
     // return to the other instances.
+    // The URL's application_name (or PGAPPNAME) when given, as libpq
+    // would send it; the worker's own name otherwise.
+    let name = settings
+        .url
+        .config()
+        .get_application_name()
+        .unwrap_or(DEFAULT_APPLICATION_NAME)
+        .replace('\'', "''");
     format!(
-        "SET application_name = 'booking-expiration'; \
+        "SET application_name = '{name}'; \
          SET statement_timeout = {statement_ms}; \
          SET lock_timeout = {statement_ms}; \
          SET idle_in_transaction_session_timeout = {idle_ms}; \
@@ -41,6 +49,9 @@ fn session_setup_sql(settings: &DatabaseSettings) -> String {
         idle_ms = millis(settings.idle_in_transaction_timeout()),
     )
 }
+
+/// `application_name` when neither the URL nor `PGAPPNAME` gives one.
+const DEFAULT_APPLICATION_NAME: &str = "booking-expiration";
 
 /// The checkout check with `target_session_attrs=read-write`: fails on a
 /// session that can no longer write.

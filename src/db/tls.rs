@@ -70,14 +70,15 @@ fn key_file_mode(path: &Path, metadata: &std::fs::Metadata) -> Result<(), TlsFil
 /// the CPU can run the TLS library when the `sslmode` requires TLS, and
 /// [`validate`]. Its error names `setting` (`DATABASE_URL` or
 /// `DATABASE_DIRECT_URL`), an exit 2.
-pub fn check(setting: &str, url: &DatabaseUrl) -> Result<(), ConfigError> {
+pub fn check(setting: &'static str, url: &DatabaseUrl) -> Result<(), ConfigError> {
     let tls = url.tls();
     if tls.mode.requires_tls()
         && let Some(problem) = crate::tls::unsupported_cpu(format_args!("sslmode={}", tls.mode))
     {
         return Err(ConfigError::new(setting, problem));
     }
-    validate(tls).map_err(|e| ConfigError::new(setting, e.to_string()))
+    // A file named by a PGSSL* variable is named by that variable.
+    validate(tls).map_err(|e| ConfigError::new(tls.setting_of(e.setting, setting), e.to_string()))
 }
 
 /// Checks at start what [`client_config`] will read for every connection:

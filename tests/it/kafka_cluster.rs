@@ -445,7 +445,7 @@ fn run_command(
         .env(
             "RUST_LOG",
             std::env::var("KAFKA_CLUSTER_RUST_LOG")
-                .unwrap_or_else(|_| "warn,booking_expiration::outbox=info,rskafka=warn".into()),
+                .unwrap_or_else(|_| "warn,booking_expiration::outbox=info".into()),
         );
     // The settings on the defaults cluster: otherwise the
     // binary's defaults.

@@ -3,7 +3,8 @@
 //! the servers' pg_hba.conf refuses plaintext over TCP): the expiry round
 //! trip over `verify-full`, the bad cases each as one clear line naming
 //! `DATABASE_URL` within the connect timeout, a rotated client certificate
-//! used without a restart, and `/readyz` while TLS fails.
+//! used without a restart, `/readyz` while TLS fails, and libpq's `PGSSL*`
+//! variables in place of the URL's parameters.
 
 use std::{
     path::{Path, PathBuf},
@@ -688,4 +689,114 @@ async fn nothing_is_read_from_the_home_directory() {
         assert_eq!(output.status.code(), Some(1), "{stderr}");
         assert!(stderr.contains(expected), "{expected:?} in: {stderr}");
     }
+}
+
+/// libpq's `PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` reach
+/// the TLS configuration where the URL does not give the parameter: with a
+/// URL that names none, the variables alone make a `verify-full`
+/// connection with a client certificate; a wrong CA from the variable
+/// fails as the parameter would, named by its path; the URL's own
+/// `sslmode` wins; a key file others may read, named by `PGSSLKEY`, exits
+/// 2 naming the variable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgssl_variables_reach_the_tls_configuration() {
+    let server = TlsServer::start("server").await;
+    // This server is the test's own: its client role may run migrate.
+    server
+        .admin(&format!("ALTER ROLE {CLIENT_USER} SUPERUSER"))
+        .await;
+    let file = |name: &str| server.file(name).display().to_string();
+    let (ca, other_ca) = (file("ca.crt"), file("other-ca.crt"));
+    let (cert, key) = (file("client.crt"), file("client.key"));
+    let run_with = |url: &str, env: &[(&str, &str)]| {
+        let output = binary()
+            .arg("status")
+            .env("DATABASE_URL", url)
+            .env("DATABASE_CONNECT_TIMEOUT", "3s")
+            .env("RUST_LOG", "off")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run the binary");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let migrate = |url: &str, env: &[(&str, &str)]| {
+        binary()
+            .arg("migrate")
+            .env("DATABASE_URL", url)
+            .env("RUST_LOG", "off")
+            .envs(env.iter().copied())
+            .output()
+            .expect("run the binary")
+    };
+    let verify_full = [("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", ca.as_str())];
+
+    // The superuser over verify-full from the variables alone.
+    let plain_url = server.url("localhost", "postgres", "");
+    let output = migrate(&plain_url, &verify_full);
+    assert!(output.status.success(), "{output:?}");
+    // The role that must show a client certificate: PGSSLCERT/PGSSLKEY.
+    let client_url = server.client_url("");
+    let (code, stderr) = run_with(&client_url, &verify_full);
+    assert_eq!(code, Some(1), "no client certificate yet: {stderr}");
+    assert!(
+        stderr.contains("requires a valid client certificate"),
+        "{stderr}"
+    );
+    let with_cert = [
+        verify_full[0],
+        verify_full[1],
+        ("PGSSLCERT", cert.as_str()),
+        ("PGSSLKEY", key.as_str()),
+    ];
+    let output = migrate(&client_url, &with_cert);
+    assert!(output.status.success(), "{output:?}");
+    // A wrong CA from PGSSLROOTCERT.
+    let (code, stderr) = run_with(
+        &plain_url,
+        &[("PGSSLMODE", "verify-full"), ("PGSSLROOTCERT", &other_ca)],
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("not signed by a CA in sslrootcert {other_ca}")),
+        "{stderr}"
+    );
+    // The URL's sslmode wins: disable reaches the TLS-only server in
+    // plaintext, which it refuses.
+    let (code, stderr) = run_with(
+        &server.url("localhost", "postgres", "sslmode=disable"),
+        &verify_full,
+    );
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("no encryption"), "{stderr}");
+
+    // A key file group or others may read, named by PGSSLKEY: exit 2.
+    let open_dir = tempdir("pg-tls-open-key");
+    let open_key = open_dir.join("open.key");
+    std::fs::copy(&key, &open_key).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&open_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let open_key = open_key.display().to_string();
+    let (code, stderr) = run_with(
+        &client_url,
+        &[
+            verify_full[0],
+            verify_full[1],
+            ("PGSSLCERT", cert.as_str()),
+            ("PGSSLKEY", open_key.as_str()),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "PGSSLKEY: sslkey {open_key}: has group or world access (mode 0644)"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(CLIENT_PASSWORD), "{stderr}");
 }

@@ -178,12 +178,12 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
     expire_into_outbox(&db, 100, &topic).await;
 
     // A publisher that claimed the rows, produced them and was killed
-    // before it marked them: its lease (1 s here) ends, and another
+    // before it marked them: its lease (3 s here) ends, and another
     // instance sends them again.
     let mut conn = db.conn().await;
     let claim = Claim {
         limit: 1000,
-        lease: Duration::from_secs(1),
+        lease: Duration::from_secs(3),
         ..Claim::default()
     };
     let rows = outbox::claim(&mut conn, &claim).await.unwrap();
@@ -210,6 +210,10 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
         100,
         "the dead instance's lease holds them"
     );
+    wait_until("the lease to end", Duration::from_secs(10), || async {
+        db.leased().await == 0
+    })
+    .await;
     let published = rig(&db, 500, &topic)
         .publish_until_idle(Duration::from_secs(30))
         .await;

@@ -1,8 +1,10 @@
 //! No secret reaches any output, against the real binary, PostgreSQL, Kafka
 //! and an OpenTelemetry Collector: for a handful of adversarial passwords
 //! (`/`, `@`, `?`, `#`, `:`, `%`, quotes, spaces, beyond ASCII, and random
-//! ones), used as the database password, `KAFKA_SASL_PASSWORD` and the
-//! content of key files, nothing the process writes holds them, raw or
+//! ones), used as the database password (in the URL, in `PGPASSWORD`, in
+//! a password file named by `PGPASSFILE` and in `~/.pgpass`),
+//! `KAFKA_SASL_PASSWORD` and the content of key files, nothing the process
+//! writes holds them, raw or
 //! percent-encoded: start-up and error logs (text and JSON, at debug),
 //! exit-2 and exit-1 lines, `status` (text and `--json`), `once`,
 //! `/metrics`, `/healthz`, `/readyz`, the exported spans' attributes and
@@ -76,6 +78,30 @@ fn url_for(base: &url::Url, role: &str, password: &str, query: &str) -> String {
     } else {
         format!("postgres://{role}:{}{rest}", encode_all(password))
     }
+}
+
+/// The URL of `role` without a password.
+fn bare_url(base: &url::Url, role: &str) -> String {
+    format!(
+        "postgres://{role}@{}:{}{}",
+        base.host_str().expect("a host"),
+        base.port().expect("a port"),
+        base.path()
+    )
+}
+
+/// A `.pgpass` line (0600 file) for `role` on `base` with `password`,
+/// escaped as libpq reads it.
+fn pgpass_file(path: &std::path::Path, base: &url::Url, role: &str, password: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let line = format!(
+        "*:{}:*:{role}:{}\n",
+        base.port().expect("a port"),
+        password.replace('\\', "\\\\").replace(':', "\\:")
+    );
+    std::fs::write(path, line).expect("write the password file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    path.display().to_string()
 }
 
 /// Runs the binary with `env`; (exit code, stdout and stderr together).
@@ -157,6 +183,56 @@ async fn no_secret_reaches_any_output() {
             assert_hidden(&format!("{args:?}"), &text, &secrets);
         }
 
+        // The password from libpq's other sources: PGPASSWORD, a file
+        // named by PGPASSFILE, and ~/.pgpass through HOME.
+        let bare = bare_url(&base, role);
+        let home = files.join(format!("home{i}"));
+        std::fs::create_dir_all(&home).expect("a home");
+        let passfile = pgpass_file(&files.join(format!("pgpass{i}")), &base, role, password);
+        let dot_pgpass = pgpass_file(&home.join(".pgpass"), &base, role, password);
+        let home = home.display().to_string();
+        // (the source the first line names, the environment that gives it)
+        let sources: [(String, Env); 3] = [
+            (
+                "PGPASSWORD".to_owned(),
+                vec![("PGPASSWORD", password.clone())],
+            ),
+            (
+                format!("passfile {passfile}"),
+                vec![("PGPASSFILE", passfile.clone())],
+            ),
+            (
+                format!("passfile {dot_pgpass}"),
+                vec![("HOME", home.clone())],
+            ),
+        ];
+        for (source, extra) in &sources {
+            let env = || -> Env {
+                let mut env: Env = logs.iter().map(|(k, v)| (*k, v.to_string())).collect();
+                env.push(("DATABASE_URL", bare.clone()));
+                env.extend(extra.iter().cloned());
+                env
+            };
+            for args in [&["status", "--json"][..], &["once"]] {
+                let (code, text) = call(args, env());
+                assert_eq!(code, Some(0), "{source} {args:?}: {text}");
+                assert!(
+                    text.contains(&format!(
+                        "password{}{source}",
+                        if json == "json" { "\":\"" } else { "=" }
+                    )),
+                    "{source}: {text}"
+                );
+                assert_hidden(&format!("{source} {args:?}"), &text, &secrets);
+            }
+            // Exit 2: a bad setting beside the secret.
+            let mut bad = env();
+            bad.push(("EXPIRATION_BATCH_SIZE", "0".to_owned()));
+            let (code, text) = call(&["once"], bad);
+            assert_eq!(code, Some(2), "{source}: {text}");
+            assert_hidden(&format!("exit 2 with {source}"), &text, &secrets);
+        }
+
         // Exit 2: a bad setting beside each secret.
         let key = pem_file(&files, &format!("key{i}.pem"), "PRIVATE KEY", password);
         let cert = pem_file(&files, &format!("cert{i}.pem"), "CERTIFICATE", password);
@@ -223,19 +299,47 @@ async fn no_secret_reaches_any_output() {
         assert_eq!(code, Some(1), "{text}");
         assert!(text.contains("password authentication failed"), "{text}");
         assert_hidden("exit 1", &text, &[&wrong, password]);
+        // The same from PGPASSWORD and from the password file.
+        let wrong_file = pgpass_file(&files.join(format!("wrong{i}")), &base, role, &wrong);
+        for extra in [("PGPASSWORD", wrong.clone()), ("PGPASSFILE", wrong_file)] {
+            let (code, text) = call(
+                &["status"],
+                vec![
+                    ("DATABASE_URL", bare_url(&base, role)),
+                    extra.clone(),
+                    ("RUST_LOG", "debug".to_owned()),
+                ],
+            );
+            assert_eq!(code, Some(1), "{}: {text}", extra.0);
+            assert!(text.contains("password authentication failed"), "{text}");
+            assert_hidden(
+                &format!("exit 1 with {}", extra.0),
+                &text,
+                &[&wrong, password],
+            );
+        }
 
         // --help with every secret set.
-        for args in [&["--help"][..], &["run", "--help"]] {
-            let (code, text) = call(args, with_url(&[("KAFKA_SASL_PASSWORD", password)]));
+        for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
+            let (code, text) = call(
+                args,
+                with_url(&[("KAFKA_SASL_PASSWORD", password), ("PGPASSWORD", password)]),
+            );
             assert_eq!(code, Some(0), "{text}");
             assert_hidden("--help", &text, &secrets);
         }
 
         // run: logs, the HTTP endpoints and the exported spans, with SASL
-        // refused by the broker (its PLAINTEXT listener speaks no SASL).
+        // refused by the broker (its PLAINTEXT listener speaks no SASL);
+        // the database password from the URL, PGPASSWORD or the password
+        // file in turn.
         let addr = format!("127.0.0.1:{}", free_port());
+        let (source, source_env) = match i % 3 {
+            0 => ("url".to_owned(), Vec::new()),
+            n => sources[n - 1].clone(),
+        };
         let mut command = binary();
-        command.arg("run").envs(with_url(&[
+        let mut run_env = with_url(&[
             ("KAFKA_BOOTSTRAP_SERVERS", &kafka_bootstrap().join(",")),
             ("KAFKA_SECURITY_PROTOCOL", "SASL_PLAINTEXT"),
             ("KAFKA_SASL_MECHANISM", "SCRAM-SHA-512"),
@@ -249,7 +353,13 @@ async fn no_secret_reaches_any_output() {
                 &format!("http://{}", collector.endpoint),
             ),
             ("OTEL_TRACES_SAMPLER", "always_on"),
-        ]));
+        ]);
+        if !source_env.is_empty() {
+            run_env.retain(|(k, _)| *k != "DATABASE_URL");
+            run_env.push(("DATABASE_URL", bare.clone()));
+            run_env.extend(source_env);
+        }
+        command.arg("run").envs(run_env);
         db.insert_all(
             &(0..2)
                 .map(|_| NewBooking::new("Booked").booking_deadline(past))
@@ -275,11 +385,14 @@ async fn no_secret_reaches_any_output() {
         running.terminate();
         assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
         let stderr = running.stderr();
-        assert!(
-            stderr.contains(":***@"),
-            "the redacted URL is logged: {stderr}"
-        );
-        assert_hidden("the logs of run", &stderr, &secrets);
+        if source == "url" {
+            assert!(
+                stderr.contains(":***@"),
+                "the redacted URL is logged: {stderr}"
+            );
+        }
+        assert!(stderr.contains(&source), "password from {source}: {stderr}");
+        assert_hidden(&format!("the logs of run ({source})"), &stderr, &secrets);
     }
 
     wait_until("spans exported", Duration::from_secs(30), || async {

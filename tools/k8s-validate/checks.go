@@ -373,14 +373,14 @@ func checkWorker(where string, spec *corev1.PodSpec, c *corev1.Container, m *man
 
 	// terminationGracePeriodSeconds above Settings::stop_grace.
 	g, okGrace := durationSetting(cw, "SHUTDOWN_GRACE", e, repo.ShutdownGrace, p)
-	t, okTimeout := durationSetting(cw, "KAFKA_REQUEST_TIMEOUT", e, repo.KafkaRequestTimeout, p)
+	_, okTimeout := durationSetting(cw, "KAFKA_REQUEST_TIMEOUT", e, repo.KafkaRequestTimeout, p)
 	if okGrace && okTimeout {
-		stop := repo.StopGrace(g, t)
+		stop := repo.StopGrace(g)
 		if spec.TerminationGracePeriodSeconds == nil {
 			p.add(where, "terminationGracePeriodSeconds is not set (default 30 s); the worker's stop grace is %s", stop)
 		} else if float64(*spec.TerminationGracePeriodSeconds) <= stop.Seconds() {
-			p.add(where, "terminationGracePeriodSeconds %d must exceed the worker's stop grace %s (SHUTDOWN_GRACE %s + KAFKA_REQUEST_TIMEOUT %s + STOP_MARGIN %s)",
-				*spec.TerminationGracePeriodSeconds, stop, g, t, repo.StopMargin)
+			p.add(where, "terminationGracePeriodSeconds %d must exceed the worker's stop grace %s (SHUTDOWN_GRACE %s + STOP_MARGIN %s)",
+				*spec.TerminationGracePeriodSeconds, stop, g, repo.StopMargin)
 		}
 	}
 	checkTLSPaths(cw, spec, c, e, m, true, p)

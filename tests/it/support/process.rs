@@ -29,6 +29,10 @@ pub fn run_ok(database_url: &str, args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("UTF-8 stdout")
 }
 
+///
+/// libpq's variables (`PGHOST`, `PGPASSWORD`, ...) are removed and `HOME`
+/// is an empty folder of this test run, so no `~/.pgpass` of the
+/// developer's is read; a test sets its own.
 pub fn binary() -> std::process::Command {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_booking-expiration"));
     for name in [
@@ -38,11 +42,38 @@ pub fn binary() -> std::process::Command {
         "EXPIRATION_INTERVAL",
         "EXPIRATION_BATCH_SIZE",
         "METRICS_ADDR",
-    ] {
+    ]
+    .into_iter()
+    .chain(LIBPQ_VARIABLES)
+    {
         command.env_remove(name);
     }
+    command.env("HOME", empty_home());
     command.env("RUST_LOG", "info");
     command
+}
+
+/// The libpq variables the binary reads.
+pub const LIBPQ_VARIABLES: [&str; 12] = [
+    "PGHOST",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCERT",
+    "PGSSLKEY",
+    "PGAPPNAME",
+    "PGCONNECT_TIMEOUT",
+];
+
+/// An empty folder, the `HOME` of every spawned binary unless a test sets
+/// its own.
+pub fn empty_home() -> PathBuf {
+    static HOME: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    HOME.get_or_init(|| tempdir("home")).clone()
 }
 
 /// A fresh folder the `postgres` OS user can enter.

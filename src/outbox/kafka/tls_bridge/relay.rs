@@ -135,6 +135,9 @@ pub(super) async fn relay(
         }
         let _ = tls_write.shutdown().await;
     };
+    // The client's side is closed only after a refusal was recorded (at
+    // the end), so rskafka, which reads the end of the stream, finds the
+    // reason when it asks the bridge.
     let down = async {
         let mut sniffer = Sniffer::default();
         let mut buffer = vec![0u8; 16 * 1024];
@@ -155,22 +158,39 @@ pub(super) async fn relay(
                 break Ok(received);
             }
         };
-        let _ = client_write.shutdown().await;
-        ended
+        (ended, client_write)
     };
     tokio::pin!(up, down);
-    let broker_ended = tokio::select! {
+    let (broker_ended, mut client_write) = tokio::select! {
         // The client (rskafka) closed first: the usual end.
         () = &mut up => {
-            let _ = down.await;
-            None
+            let (_, client_write) = down.await;
+            (None, client_write)
         }
-        ended = &mut down => {
-            up.await;
-            Some(ended)
-        }
+        (ended, client_write) = &mut down => (Some(ended), client_write),
     };
-    if refused.load(std::sync::atomic::Ordering::Relaxed) {
+    record_refusal(
+        broker_ended,
+        refused.load(std::sync::atomic::Ordering::Relaxed),
+        broker,
+        shared,
+    );
+    let _ = client_write.shutdown().await;
+    // The client may still be writing (the broker ended first): it stops
+    // at the closed stream.
+    drop(client_write);
+}
+
+/// Records why the broker ended a connection, if it refused this client:
+/// a SASL login answered with an error, a TLS alert, or the connection
+/// closed right after the handshake.
+fn record_refusal(
+    broker_ended: Option<std::io::Result<u64>>,
+    login_refused: bool,
+    broker: &str,
+    shared: &Shared,
+) {
+    if login_refused {
         shared.fail(SecurityError::Sasl {
             mechanism: shared.sasl.unwrap_or("login"),
             servers: broker.to_owned(),
