@@ -8,9 +8,8 @@ use clap::{Args, Parser, Subcommand};
 
 use super::{
     Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, LibpqEnv, Pooler,
-    PublisherSettings, SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings,
-    ShutdownSettings,
+    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, LibpqEnv, Pooler, PublisherSettings,
+    SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings, ShutdownSettings,
     defaults::{self, text},
     parse::{self, BootstrapServers, setting},
     pg_url::PgUrl,
