@@ -117,11 +117,17 @@ keep_logs() {
 
 # The failed tests of the suite's output: "BINARY<TAB>TEST" per line,
 # BINARY as cargo names it (`tests/it/main.rs`, `unittests src/lib.rs`).
+# Read from libtest's list of names (the last "failures:" before "test
+# result: FAILED"), not from "test NAME ... FAILED" lines, which a test's
+# own output splits under --nocapture.
 failed_tests() {
   [[ -f "$output" ]] || return 0
   awk '
     /^ *Running / { bin = $0; sub(/^ *Running /, "", bin); sub(/ \(.*$/, "", bin) }
-    /^test .* \.\.\. FAILED$/ { name = $0; sub(/^test /, "", name); sub(/ \.\.\. FAILED$/, "", name); print bin "\t" name }
+    /^failures:$/ { n = 0; listing = 1; next }
+    listing && /^    [^ ]/ { names[++n] = substr($0, 5); next }
+    /^test result: FAILED/ { for (i = 1; i <= n; i++) print bin "\t" names[i] }
+    /^test result: / { n = 0; listing = 0 }
   ' "$output"
 }
 
