@@ -278,10 +278,11 @@ exec > >(tee -a "$output") 2>&1
 tee_pid=$!
 step="running the suite (cargo test --workspace)"
 TMPDIR="$work/tmp" cargo test --workspace --locked "$@"
-# Tests marked #[ignore] load the server heavily (a 1,000,000-row table)
-# or time sub-second goals (kafka_cluster): they run after the suite, one at
-# a time, so they cannot make the suite's timing tests late, nor the
-# suite theirs. With arguments, add `-- --include-ignored` to get them.
+# Tests marked #[ignore] load the server heavily (a 1,000,000-row table) or
+# assert timings of a second that the suite's load would blur (kafka_cluster,
+# broker_freeze): they run after the suite, one at a time, so they neither
+# make the suite's timing tests late nor are made late by them. With
+# arguments, add `-- --include-ignored` to get them.
 if [[ $# -eq 0 ]]; then
   step="running the long tests alone (cargo test --test it -- --ignored --test-threads=1)"
   TMPDIR="$work/tmp" cargo test --locked --test it -- --ignored --test-threads=1

@@ -74,18 +74,20 @@
 //! ## Rooms of `config`
 //!
 //! 1. `cli`
-//! 2. `expiry`, `http`, `publisher`, `seed`
+//! 2. `expiry`, `http`, `publisher`, `seed`, `libpq_env`
 //! 3. `parse`
 //! 4. `ranges`
 //! 5. `defaults`
 //! 6. `kafka`, `database`
-//! 7. `pg_tls`, `secret`
+//! 7. `pg_tls`, `secret`, `pgpass`
 //! 8. `pg_url`
 //!
 //! Allowed against the order: `kafka` -> `defaults`, `database` ->
 //! `defaults` (`KafkaSettings::new` and `DatabaseSettings::new` fill in
 //! the named defaults, which are typed with those rooms' own value types:
-//! `Compression`, `SecurityProtocol`, `Pooler`).
+//! `Compression`, `SecurityProtocol`, `Pooler`); `database` -> `libpq_env`
+//! (a URL's settings are completed from libpq's variables, a group of
+//! flags clap parses with the settings' parsers).
 
 // The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
 // and every public type debuggable. clippy.toml keeps the wall clock behind

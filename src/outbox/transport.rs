@@ -69,6 +69,13 @@ impl SendError {
 /// implementation is plain `async fn`s. The pipeline never has two
 /// produce calls in flight for one partition, so an implementation may
 /// keep per-partition state without locking against itself.
+///
+/// Each call returns within the transport's own bound
+/// (`KAFKA_REQUEST_TIMEOUT` for Kafka), with a retriable `CLIENT_TIMEOUT`
+/// when nothing answered: the transport, not the pipeline, knows what a
+/// request cut short leaves to clean up (a connection to drop, a leader to
+/// look up again). A call the pipeline drops (at shutdown) must leave the
+/// transport usable.
 pub trait Transport: Send + Sync + 'static {
     /// The number of partitions of `topic` (creating the topic when the
     /// settings allow it). A success is a real exchange with the broker.

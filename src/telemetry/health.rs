@@ -25,6 +25,9 @@ pub struct Health {
     /// Of those, the ones failing with an error no retry fixes
     /// (authorization, a missing topic): they wait for an operator.
     partitions_refusing: AtomicUsize,
+    /// The Kafka error of a failing partition (an operator's first, when
+    /// there is one), for `/readyz`'s body.
+    failing_code: std::sync::Mutex<Option<String>>,
 }
 
 /// The publisher's side of readiness.
@@ -66,6 +69,7 @@ impl Health {
             broker_reachable: AtomicBool::new(false),
             partitions_failing: AtomicUsize::new(0),
             partitions_refusing: AtomicUsize::new(0),
+            failing_code: std::sync::Mutex::new(None),
         }
     }
 
@@ -78,10 +82,21 @@ impl Health {
         self.broker_reachable.store(reachable, Ordering::Relaxed);
     }
 
-    /// How many partitions cannot be written now (see [`BrokerState`]).
-    pub fn set_partitions_failing(&self, failing: usize, refusing: usize) {
+    /// How many partitions cannot be written now (see [`BrokerState`]),
+    /// and the Kafka error of one of them.
+    pub fn set_partitions_failing(&self, failing: usize, refusing: usize, code: Option<&str>) {
         self.partitions_failing.store(failing, Ordering::Relaxed);
         self.partitions_refusing.store(refusing, Ordering::Relaxed);
+        if let Ok(mut last) = self.failing_code.lock()
+            && last.as_deref() != code
+        {
+            *last = code.map(str::to_owned);
+        }
+    }
+
+    /// The Kafka error of a failing partition, while one fails.
+    pub fn failing_code(&self) -> Option<String> {
+        self.failing_code.lock().ok().and_then(|code| code.clone())
     }
 
     pub fn broker_state(&self) -> BrokerState {
@@ -140,7 +155,7 @@ mod tests {
     fn a_failing_partition_keeps_it_unready_whatever_the_metadata_says() {
         let health = Health::new(Utc.timestamp_opt(1_800_000_000, 0).unwrap(), true, true);
         health.set_broker_reachable(true);
-        health.set_partitions_failing(1, 0);
+        health.set_partitions_failing(1, 0, Some("NOT_ENOUGH_REPLICAS"));
         assert_eq!(
             health.broker_state(),
             BrokerState::Failing {
@@ -149,7 +164,12 @@ mod tests {
             }
         );
         assert!(!health.broker_ready());
-        health.set_partitions_failing(0, 0);
+        assert_eq!(
+            health.failing_code().as_deref(),
+            Some("NOT_ENOUGH_REPLICAS")
+        );
+        health.set_partitions_failing(0, 0, None);
+        assert_eq!(health.failing_code(), None);
         assert!(health.broker_ready());
         health.set_broker_reachable(false);
         assert_eq!(health.broker_state(), BrokerState::Unreachable);

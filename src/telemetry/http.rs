@@ -143,8 +143,12 @@ async fn route(path: &str, state: &HttpState) -> (u16, &'static str, String) {
         "/readyz" => {
             let database = (state.database)().await;
             let broker = state.health.broker_state();
+            let code = match (broker, state.health.failing_code()) {
+                (BrokerState::Failing { .. }, Some(code)) => format!(" ({code})"),
+                _ => String::new(),
+            };
             let body = format!(
-                "database: {}\nbroker: {broker}\n",
+                "database: {}\nbroker: {broker}{code}\n",
                 if database { "ok" } else { "unreachable" },
             );
             (

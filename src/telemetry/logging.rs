@@ -133,6 +133,23 @@ pub fn init() -> Result<TraceGuard, TraceSetupError> {
     Ok(guard)
 }
 
+/// The log filter of `RUST_LOG` (`info` when unset or unreadable), with
+/// rskafka's own lines off unless `RUST_LOG` names rskafka: the publisher
+/// classifies and reports every Kafka error itself, once a minute per
+/// partition while it lasts, while rskafka writes an ERROR line for every
+/// refused request (an authorization failure: one per try, 40 a minute).
+pub fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+    let directives = rust_log.filter(|d| !d.trim().is_empty()).unwrap_or("info");
+    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    if directives.contains("rskafka") {
+        return filter;
+    }
+    match "rskafka=off".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
+}
+
 /// Installs the binary's subscriber (trace layer, `RUST_LOG` filter,
 /// `format`) writing the log lines through the buffer to `output`: `main`
 /// passes stderr, the benchmarks a file, so they measure what the binary
@@ -159,7 +176,7 @@ pub fn install(
     let writer = LogBuffer;
     // RUST_LOG filters the logs only: the worker's spans (info level) are
     // traced whatever the log level, so RUST_LOG=warn keeps the trace.
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     // The trace takes the spans and, as span events, only warnings and
     // errors: a `booking expired` event per booking on the cycle span would
     // grow the span with the cycle.
@@ -188,5 +205,63 @@ pub fn install(
                     .with_filter(filter),
             )
             .init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tracing_subscriber::layer::SubscriberExt;
+
+    use super::*;
+
+    /// The lines `filter` lets through for one rskafka error and one of
+    /// the worker's own warnings.
+    fn lines_through(filter: EnvFilter) -> String {
+        let out = Arc::new(Mutex::new(Vec::<u8>::new()));
+        let writer = {
+            let out = Arc::clone(&out);
+            move || Capture(Arc::clone(&out))
+        };
+        let subscriber = tracing_subscriber::registry().with(
+            fmt::layer()
+                .with_ansi(false)
+                .with_writer(writer)
+                .with_filter(filter),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::error!(target: "rskafka::client::partition", "request encountered fatal error");
+            tracing::warn!("partition cannot be written");
+        });
+        let text = out.lock().map(|b| String::from_utf8_lossy(&b).into_owned());
+        text.unwrap_or_default()
+    }
+
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Capture {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut out) = self.0.lock() {
+                out.extend_from_slice(buf);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn rskafkas_own_lines_are_off_unless_rust_log_names_it() {
+        for default in [None, Some(""), Some("info"), Some("debug"), Some("warn")] {
+            let lines = lines_through(log_filter(default));
+            assert!(!lines.contains("fatal error"), "{default:?}: {lines}");
+            assert!(lines.contains("cannot be written"), "{default:?}: {lines}");
+        }
+        let named = lines_through(log_filter(Some("info,rskafka=error")));
+        assert!(named.contains("fatal error"), "{named}");
+        let unreadable = lines_through(log_filter(Some("=^=")));
+        assert!(unreadable.contains("cannot be written") && !unreadable.contains("fatal"));
     }
 }

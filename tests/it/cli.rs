@@ -434,30 +434,6 @@ async fn run_starts_with_every_setting_at_the_top_of_its_range() {
 /// DATABASE_STATEMENT_TIMEOUT. Settings that leave the produce no room
 /// are refused at start, before anything connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kafka_timeout_that_cannot_fit_the_idle_transaction_limit_is_refused() {
-    let mut command = binary();
-    command
-        .arg("run")
-        .env(
-            "DATABASE_URL",
-            format!("postgres://u:hunter2@127.0.0.1:{}/db", free_port()),
-        )
-        .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
-        .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()))
-        .env("DATABASE_STATEMENT_TIMEOUT", "4s")
-        .env("KAFKA_REQUEST_TIMEOUT", "10s");
-    let mut running = Running::spawn(command);
-    let status = running.wait(Duration::from_secs(10)).await;
-    let stderr = running.stderr();
-    assert_eq!(status.code(), Some(2), "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
-    for setting in ["KAFKA_REQUEST_TIMEOUT", "DATABASE_STATEMENT_TIMEOUT"] {
-        assert!(stderr.contains(setting), "names {setting}: {stderr}");
-    }
-    assert!(!stderr.contains("hunter2"), "{stderr}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_and_unreachable_database_fail_clearly() {
     let mut url = url::Url::parse(&admin_url()).unwrap();
     url.set_password(Some("definitely-wrong-pw")).unwrap();

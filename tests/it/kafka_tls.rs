@@ -41,7 +41,7 @@ impl TlsKafka {
         static BROKER: OnceLock<TlsKafka> = OnceLock::new();
         BROKER.get_or_init(|| {
             let dir = tempdir("kafka-tls");
-            let port = free_block(7);
+            let port = testkit::free_port_block(7);
             let status = testkit::script("kafka-tls.sh")
                 .args([
                     "start",
@@ -78,18 +78,6 @@ const MTLS: u16 = 3;
 const SASL_SSL: u16 = 4;
 const WRONG_NAME: u16 = 5;
 const EXPIRED: u16 = 6;
-
-/// The first of `n` consecutive free loopback ports.
-fn free_block(n: u16) -> u16 {
-    loop {
-        let first = free_port();
-        if first < 65000
-            && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok())
-        {
-            return first;
-        }
-    }
-}
 
 fn tls(ca: Option<&str>, client: Option<(&str, &str)>) -> Option<KafkaTls> {
     let kafka = TlsKafka::get();

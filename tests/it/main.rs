@@ -5,12 +5,14 @@
 
 mod support;
 
+mod broker_freeze;
 mod cli;
 mod deadline_wake;
 mod expiry_cycle;
 mod failover;
 mod faults;
 mod java_consumer;
+mod kafka_acl;
 mod kafka_cluster;
 mod kafka_tls;
 mod libpq_env;

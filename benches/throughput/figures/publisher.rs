@@ -182,7 +182,6 @@ fn publisher_settings() -> PublisherSettings {
         batch_size: PUBLISH_BATCH,
         poll_interval: Duration::from_secs(1),
         retention: Duration::from_secs(86_400),
-        ..PublisherSettings::default()
     }
 }
 

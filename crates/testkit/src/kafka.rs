@@ -1,7 +1,8 @@
 //! Apache Kafka: a throwaway broker (`scripts/kafka.sh`) that stops on drop,
-//! a client, fresh topics, reading a topic back, the partitions Kafka's
-//! Java client computes for keys, a three-node cluster and a plain Java
-//! producer that watches its leaders and in-sync replicas.
+//! one with an authorizer (`scripts/kafka-acl.sh`), a client, fresh topics,
+//! reading a topic back, the partitions Kafka's Java client computes for
+//! keys, a three-node cluster and a plain Java producer that watches its
+//! leaders and in-sync replicas.
 
 use std::{
     collections::BTreeMap,
@@ -67,6 +68,16 @@ impl Kafka {
         .map(drop)
     }
 
+    /// The broker's process id (`DIR/kafka.pid`), to signal it (SIGSTOP
+    /// freezes it: it keeps its connections and answers nothing).
+    pub fn pid(&self) -> Result<u32> {
+        let file = self.dir.join("kafka.pid");
+        let text = std::fs::read_to_string(&file).with_context(|| file.display().to_string())?;
+        text.trim()
+            .parse()
+            .with_context(|| format!("a pid in {}", file.display()))
+    }
+
     /// Stops the broker in `dir`, ignoring failures (cleanup paths).
     pub fn stop_dir(dir: &Path) {
         let _ = script("kafka.sh")
@@ -87,6 +98,91 @@ impl Drop for Kafka {
 fn dir_str(path: &Path) -> Result<&str> {
     path.to_str()
         .with_context(|| format!("not UTF-8: {}", path.display()))
+}
+
+/// A single-node broker with an authorizer (`scripts/kafka-acl.sh`:
+/// StandardAuthorizer, SASL/PLAIN users, nothing allowed without an ACL)
+/// in `dir`; stopped on drop. Its `WORKER` listener is advertised on a
+/// port of the caller's choosing, where the caller puts a proxy in front
+/// of [`AclKafka::worker_listener`], so that every connection of a client
+/// that bootstraps there goes through the proxy.
+#[derive(Debug)]
+pub struct AclKafka {
+    dir: PathBuf,
+    port: u16,
+}
+
+impl AclKafka {
+    /// The user the worker logs in as (PLAIN) and its password.
+    pub const USER: &'static str = "worker";
+    pub const PASSWORD: &'static str = "worker-secret";
+
+    /// Starts the broker on four consecutive free ports, its `WORKER`
+    /// listener advertised as `127.0.0.1:advertised_port`.
+    pub fn start(dir: &Path, advertised_port: u16) -> Result<Self> {
+        let port = crate::scripts::free_port_block(4);
+        let broker = Self {
+            dir: dir.to_owned(),
+            port,
+        };
+        let mut command = script("kafka-acl.sh");
+        command
+            .args([
+                "start",
+                dir_str(dir)?,
+                &port.to_string(),
+                &advertised_port.to_string(),
+            ])
+            .env("KAFKA_ACL_USER", Self::USER)
+            .env("KAFKA_ACL_PASSWORD", Self::PASSWORD);
+        run(command, "scripts/kafka-acl.sh start")?;
+        Ok(broker)
+    }
+
+    /// The `PLAINTEXT` listener (a super user: the test reads back here).
+    pub fn plaintext(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Where the `WORKER` listener really listens (SASL_PLAINTEXT, PLAIN).
+    pub fn worker_listener(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port + 2))
+    }
+
+    /// The principal of [`Self::USER`].
+    pub fn principal() -> String {
+        format!("User:{}", Self::USER)
+    }
+
+    /// Creates `topic` as the super user `admin`.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        run_script(
+            "kafka-acl.sh",
+            &[
+                "create-topic",
+                dir_str(&self.dir)?,
+                topic,
+                &partitions.to_string(),
+            ],
+        )
+        .map(drop)
+    }
+
+    /// Allows `principal` to do `operation` (`Describe`, `Write`, …) on
+    /// `topic` (an ACL added by the super user `admin`).
+    pub fn allow(&self, principal: &str, operation: &str, topic: &str) -> Result<()> {
+        run_script(
+            "kafka-acl.sh",
+            &["allow", dir_str(&self.dir)?, principal, operation, topic],
+        )
+        .map(drop)
+    }
+}
+
+impl Drop for AclKafka {
+    fn drop(&mut self) {
+        Kafka::stop_dir(&self.dir);
+    }
 }
 
 /// A client of the cluster at `bootstrap`.

@@ -10,4 +10,6 @@ pub mod pgbouncer;
 pub mod postgres;
 pub mod scripts;
 
-pub use scripts::{free_port, free_port_pair, free_port_pairs, repo, run_script, script, tempdir};
+pub use scripts::{
+    free_port, free_port_block, free_port_pair, free_port_pairs, repo, run_script, script, tempdir,
+};

@@ -74,6 +74,19 @@ pub fn free_port_pairs(n: usize) -> Vec<u16> {
     found
 }
 
+/// The first of `n` consecutive free loopback ports (a broker with several
+/// listeners).
+pub fn free_port_block(n: u16) -> u16 {
+    loop {
+        let first = free_port();
+        if first < 65000
+            && (1..n).all(|i| std::net::TcpListener::bind(("127.0.0.1", first + i)).is_ok())
+        {
+            return first;
+        }
+    }
+}
+
 /// A fresh folder under the temporary directory that the `postgres` OS user
 /// can enter (it owns a cluster started inside). The name is short: a
 /// cluster's Unix socket inside must stay within 107 bytes, also under the

@@ -300,19 +300,14 @@ impl Transport for KafkaTransport {
         records: Vec<OutgoingRecord>,
     ) -> Result<(), SendError> {
         let timeout = self.settings.request_timeout;
-        let produce = async {
-            let client = self.client().await?;
-            self.partitions
-                .produce(
-                    &client,
-                    topic,
-                    partition,
-                    records,
-                    self.compression(),
-                    |reason| self.count_read(reason),
-                )
-                .await
-        };
+        let produce = self.partitions.produce(
+            || self.client(),
+            topic,
+            partition,
+            records,
+            self.compression(),
+            |reason| self.count_read(reason),
+        );
         match tokio::time::timeout(timeout, produce).await {
             Ok(result) => result.map_err(|e| e.to_send_error()),
             Err(_) => Err(KafkaError::Timeout {

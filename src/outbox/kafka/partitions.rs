@@ -59,16 +59,22 @@ impl PartitionClients {
         slot.suspect_since.get_or_insert_with(Instant::now);
     }
 
-    /// Produces `records` to the partition, in order, in one request.
-    pub(super) async fn produce(
+    /// Produces `records` to the partition, in order, in one request. The
+    /// client (the metadata connection) is asked for only when the
+    /// partition needs a new partition client: a partition that works
+    /// never waits for a connect another one needs.
+    pub(super) async fn produce<F>(
         &self,
-        client: &Client,
+        client: impl FnOnce() -> F,
         topic: &str,
         partition: i32,
         records: Vec<OutgoingRecord>,
         compression: Compression,
         count_read: impl Fn(&'static str),
-    ) -> Result<(), KafkaError> {
+    ) -> Result<(), KafkaError>
+    where
+        F: Future<Output = Result<Arc<Client>, KafkaError>>,
+    {
         let key = (topic.to_owned(), partition);
         // Dropped before it is settled (the request was abandoned): the
         // connection may be stuck on a silent broker, so the leader is in
@@ -77,9 +83,14 @@ impl PartitionClients {
             clients: self,
             key: Some(key.clone()),
         };
-        let result = self
-            .produce_on(client, &key, records, compression, count_read)
-            .await;
+        let result = async {
+            let partition_client = match self.cached(&key) {
+                Some(cached) => cached,
+                None => self.build(&*client().await?, &key, count_read).await?,
+            };
+            produce_on(&partition_client, key.1, records, compression).await
+        }
+        .await;
         if let Err(error) = &result
             && error.leader_suspect()
         {
@@ -89,53 +100,19 @@ impl PartitionClients {
         result
     }
 
-    async fn produce_on(
-        &self,
-        client: &Client,
-        key: &Key,
-        records: Vec<OutgoingRecord>,
-        compression: Compression,
-        count_read: impl Fn(&'static str),
-    ) -> Result<(), KafkaError> {
-        let partition_client = self.client_for(client, key, count_read).await?;
-        let sent = records.len();
-        let records = records.into_iter().map(to_record).collect();
-        let offsets = partition_client
-            .produce(records, compression)
-            .await
-            .map_err(|source| KafkaError::Request {
-                operation: "produce",
-                source,
-            })?;
-        if offsets.len() != sent {
-            return Err(KafkaError::ShortAck {
-                partition: key.1,
-                sent,
-                acked: offsets.len(),
-            });
-        }
-        Ok(())
+    fn cached(&self, key: &Key) -> Option<Arc<PartitionClient>> {
+        self.slots().get(key).and_then(|slot| slot.client.clone())
     }
 
-    /// The partition's client, built (after a metadata read when its
-    /// leader is in doubt) when there is none.
-    async fn client_for(
+    /// A new client for the partition, after a metadata read when its
+    /// leader is in doubt.
+    async fn build(
         &self,
         client: &Client,
         key: &Key,
         count_read: impl Fn(&'static str),
     ) -> Result<Arc<PartitionClient>, KafkaError> {
-        let (cached, suspect_since) = {
-            let slots = self.slots();
-            let slot = slots.get(key);
-            (
-                slot.and_then(|s| s.client.clone()),
-                slot.and_then(|s| s.suspect_since),
-            )
-        };
-        if let Some(cached) = cached {
-            return Ok(cached);
-        }
+        let suspect_since = self.slots().get(key).and_then(|slot| slot.suspect_since);
         if let Some(since) = suspect_since {
             count_read("leader");
             self.refresh(client, since).await?;
@@ -173,6 +150,32 @@ impl PartitionClients {
         *last = Some(started);
         Ok(())
     }
+}
+
+/// One request on `partition_client`, every record acknowledged or an error.
+async fn produce_on(
+    partition_client: &PartitionClient,
+    partition: i32,
+    records: Vec<OutgoingRecord>,
+    compression: Compression,
+) -> Result<(), KafkaError> {
+    let sent = records.len();
+    let records = records.into_iter().map(to_record).collect();
+    let offsets = partition_client
+        .produce(records, compression)
+        .await
+        .map_err(|source| KafkaError::Request {
+            operation: "produce",
+            source,
+        })?;
+    if offsets.len() != sent {
+        return Err(KafkaError::ShortAck {
+            partition,
+            sent,
+            acked: offsets.len(),
+        });
+    }
+    Ok(())
 }
 
 /// Marks the partition's leader in doubt if dropped before [`Self::settle`].

@@ -22,7 +22,8 @@ pub enum Answer {
     /// Writes the records, then the answer is lost (a connection reset
     /// mid-request): fails with this (retriable) error.
     WriteThenFail(SendError),
-    /// Never answers.
+    /// Never answers: the request fails with `CLIENT_TIMEOUT` after the
+    /// transport's timeout, as the Kafka transport's does.
     Hang,
 }
 
@@ -35,8 +36,11 @@ pub struct Written {
     pub at: Instant,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
+    /// How long a request waits for an answer that does not come
+    /// ([`Answer::Hang`]) before it fails as the Kafka transport does.
+    timeout: Duration,
     /// Partition count by topic; a topic not here does not exist.
     topics: BTreeMap<String, i32>,
     /// The standing answer of a partition (default: [`Answer::Ack`]).
@@ -53,6 +57,24 @@ struct State {
     in_flight: BTreeMap<(String, i32), usize>,
     max_in_flight: usize,
     metadata_reads: usize,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            timeout: crate::outbox::Timing::default().request_timeout,
+            topics: BTreeMap::new(),
+            answers: BTreeMap::new(),
+            next: BTreeMap::new(),
+            metadata_error: None,
+            refused_keys: HashSet::new(),
+            written: Vec::new(),
+            requests: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            max_in_flight: 0,
+            metadata_reads: 0,
+        }
+    }
 }
 
 /// A scripted broker; clones share it.
@@ -74,6 +96,11 @@ impl ScriptedTransport {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Requests that get no answer fail after `timeout`.
+    pub fn set_timeout(&self, timeout: Duration) {
+        self.state().timeout = timeout;
     }
 
     /// Creates or grows `topic`.
@@ -231,7 +258,15 @@ impl Transport for ScriptedTransport {
                 self.write(&key, &records);
                 Err(error)
             }
-            Answer::Hang => std::future::pending().await,
+            Answer::Hang => {
+                let timeout = self.state().timeout;
+                tokio::time::sleep(timeout).await;
+                Err(SendError::new(
+                    ErrorClass::Retriable,
+                    "CLIENT_TIMEOUT",
+                    format!("no answer within {timeout:?} (scripted)"),
+                ))
+            }
         }
     }
 }

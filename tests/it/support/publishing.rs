@@ -23,7 +23,6 @@ pub fn publisher_settings(batch_size: u32) -> PublisherSettings {
         batch_size,
         poll_interval: Duration::from_millis(200),
         retention: Duration::from_secs(3600),
-        ..PublisherSettings::default()
     }
 }
 

@@ -10,6 +10,9 @@
 //! taking records, their rows fill less than half of `max_held`; the other
 //! half is always there for the partitions that publish.
 
+mod leases;
+mod topics;
+
 use std::collections::{BTreeMap, VecDeque};
 
 use tokio::time::Instant;
@@ -36,6 +39,16 @@ pub(crate) struct Room {
     pub skip_topics: Vec<String>,
     /// `(topic, partition count, partition)`.
     pub skip: Vec<(String, i32, i32)>,
+}
+
+/// The partitions that cannot be written now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Failures<'a> {
+    pub failing: usize,
+    /// Of those, failing with an error no retry fixes.
+    pub fatal: usize,
+    /// The Kafka error of one of them (a non-retriable one first).
+    pub code: Option<&'a str>,
 }
 
 /// What became of a request, for the pipeline to act on.
@@ -66,6 +79,8 @@ struct Topic {
 #[derive(Debug)]
 pub(crate) struct Queues {
     topics: BTreeMap<String, Topic>,
+    /// The topic whose metadata is read even with no rows (readiness).
+    pinned: String,
     timing: Timing,
     /// At most this many records per request.
     request_max: usize,
@@ -75,20 +90,26 @@ pub(crate) struct Queues {
 }
 
 impl Queues {
+    /// Queues that always watch `pinned` (its metadata is read even with
+    /// no rows: the broker's readiness check).
     pub(crate) fn new(
+        pinned: &str,
         timing: Timing,
         request_max: usize,
         max_held: usize,
         rng: fastrand::Rng,
     ) -> Self {
-        Self {
+        let mut queues = Self {
+            pinned: pinned.to_owned(),
             topics: BTreeMap::new(),
             timing,
             request_max: request_max.max(1),
             max_held: max_held.max(1),
             held: 0,
             rng,
-        }
+        };
+        queues.watch(pinned);
+        queues
     }
 
     /// Makes `topic` known (its metadata is read even before rows arrive).
@@ -123,82 +144,6 @@ impl Queues {
         if let Some(t) = self.topics.get_mut(topic) {
             route(t, row);
         }
-    }
-
-    /// The partition count of `topic` was read at `now`.
-    pub(crate) fn set_partitions(
-        &mut self,
-        topic: &str,
-        count: i32,
-        now: Instant,
-    ) -> Option<(usize, usize)> {
-        self.watch(topic);
-        let (timing, rng) = (self.timing, &mut self.rng);
-        let t = self.topics.get_mut(topic)?;
-        t.fetching = false;
-        t.fetched_at = Some(now);
-        t.not_before = None;
-        t.failing = None;
-        t.retry.reset();
-        let count = usize::try_from(count).unwrap_or(0).max(1);
-        let before = t.partitions.len();
-        if count < before {
-            // Kafka never shrinks a topic; a recreated one starts over.
-            let mut waiting: Vec<Held> = t
-                .partitions
-                .iter_mut()
-                .flat_map(PartitionQueue::drain_waiting)
-                .collect();
-            waiting.sort_by_key(|row| row.id);
-            t.partitions.retain(PartitionQueue::in_flight);
-            t.unrouted.extend(waiting);
-        }
-        while t.partitions.len() < count {
-            t.partitions.push(PartitionQueue::new(&timing, rng.fork()));
-        }
-        for row in std::mem::take(&mut t.unrouted) {
-            route(t, row);
-        }
-        (before != count).then_some((before, count))
-    }
-
-    /// Reading `topic`'s partition count failed at `now`.
-    pub(crate) fn metadata_failed(
-        &mut self,
-        topic: &str,
-        error: &SendError,
-        now: Instant,
-    ) -> Option<Failing> {
-        let fatal_pause = self.timing.fatal_pause;
-        let t = self.topics.get_mut(topic)?;
-        t.fetching = false;
-        let pause = match error.class {
-            super::transport::ErrorClass::Retriable => t.retry.next_delay(),
-            _ => fatal_pause,
-        };
-        t.not_before = Some(now + pause);
-        if t.failing.as_ref().is_none_or(|f| f.code != error.code) {
-            t.failing = Some(Failing {
-                class: error.class,
-                code: error.code.clone(),
-                since: now,
-            });
-        }
-        t.failing.clone()
-    }
-
-    /// A topic whose partition count is to be read now: unknown (or failed
-    /// and its pause over), or older than `metadata_max_age`. It is marked
-    /// as being read.
-    pub(crate) fn metadata_due(&mut self, now: Instant) -> Option<String> {
-        let max_age = self.timing.metadata_max_age;
-        let (name, t) = self.topics.iter_mut().find(|(_, t)| {
-            !t.fetching
-                && t.not_before.is_none_or(|at| at <= now)
-                && t.fetched_at.is_none_or(|at| at + max_age <= now)
-        })?;
-        t.fetching = true;
-        Some(name.clone())
     }
 
     /// The requests that can go now: one per partition that has rows, has
@@ -313,8 +258,9 @@ impl Queues {
     }
 
     /// Partitions (and topics) whose last try failed and whose rows wait:
-    /// `(failing, of which with a non-retriable error)`.
-    pub(crate) fn failing(&self) -> (usize, usize) {
+    /// how many, how many of them with a non-retriable error, and the
+    /// Kafka error of one (a non-retriable one first).
+    pub(crate) fn failing(&self) -> Failures<'_> {
         let mut failing = Vec::new();
         for t in self.topics.values() {
             failing.extend(
@@ -324,67 +270,16 @@ impl Queues {
             );
             failing.extend(t.partitions.iter().filter_map(PartitionQueue::failing));
         }
-        let fatal = failing
+        let fatal: Vec<&Failing> = failing
             .iter()
+            .copied()
             .filter(|f| f.class != super::transport::ErrorClass::Retriable)
-            .count();
-        (failing.len(), fatal)
-    }
-
-    /// Whether the partition count of `topic` has been read.
-    pub(crate) fn topic_known(&self, topic: &str) -> bool {
-        self.topics
-            .get(topic)
-            .is_some_and(|t| t.fetched_at.is_some())
-    }
-
-    /// The ids of rows whose lease reaches its half by `now`; their lease
-    /// is counted from `now` on (the renewal is on its way).
-    pub(crate) fn renew_due(&mut self, now: Instant) -> Vec<i64> {
-        let half = self.timing.lease / 2;
-        let mut due = Vec::new();
-        for row in self.rows_mut() {
-            if row.leased_at + half <= now {
-                row.leased_at = now;
-                due.push(row.id);
-            }
+            .collect();
+        Failures {
+            failing: failing.len(),
+            fatal: fatal.len(),
+            code: fatal.first().or(failing.first()).map(|f| f.code.as_str()),
         }
-        due
-    }
-
-    /// When the next lease reaches its half.
-    pub(crate) fn next_renewal(&self) -> Option<Instant> {
-        let half = self.timing.lease / 2;
-        self.rows().map(|row| row.leased_at + half).min()
-    }
-
-    /// Empties every queue (the publisher stops); returns the ids.
-    pub(crate) fn release_all(&mut self) -> Vec<i64> {
-        let ids = self.rows().map(|row| row.id).collect();
-        for t in self.topics.values_mut() {
-            t.unrouted.clear();
-            for queue in &mut t.partitions {
-                *queue = PartitionQueue::new(&self.timing, self.rng.fork());
-            }
-        }
-        self.held = 0;
-        ids
-    }
-
-    fn rows(&self) -> impl Iterator<Item = &Held> {
-        self.topics.values().flat_map(|t| {
-            t.unrouted
-                .iter()
-                .chain(t.partitions.iter().flat_map(PartitionQueue::rows))
-        })
-    }
-
-    fn rows_mut(&mut self) -> impl Iterator<Item = &mut Held> {
-        self.topics.values_mut().flat_map(|t| {
-            t.unrouted
-                .iter_mut()
-                .chain(t.partitions.iter_mut().flat_map(PartitionQueue::rows_mut))
-        })
     }
 }
 

@@ -1,0 +1,139 @@
+//! The pipeline's database side: one round at a time, in one short
+//! transaction (the `Store`): the marks and parks since the last round,
+//! the leases to renew or release, and a claim when rows may be waiting and
+//! the queues have room. Claimed rows go to their partition's queue.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::{CORRUPT_ROW, Run};
+use crate::{
+    db::{
+        DbError,
+        outbox::{Claim, ClaimedRow},
+    },
+    outbox::{
+        partition::Held,
+        store::{Round, Store},
+        transport::{OutgoingRecord, Transport},
+    },
+    telemetry::ErrorChain,
+};
+
+impl<T: Transport, S: Store> Run<'_, T, S> {
+    /// Starts a database round when one is due and none is on the way.
+    pub(super) fn start_round(&mut self, now: Instant) {
+        if self.round.is_none() && now >= self.database_ready_at && !self.released {
+            self.start_round_with(Vec::new(), now);
+        }
+    }
+
+    pub(super) fn start_round_with(&mut self, release: Vec<i64>, now: Instant) {
+        let timing = self.parts.timing;
+        let mut renew = std::mem::take(&mut self.renew_again);
+        renew.extend(self.queues.renew_due(now));
+        let room = self.queues.room();
+        let claim = (self.stopping.is_none() && self.more && room.limit > 0).then(|| Claim {
+            limit: room.limit as u32,
+            lease: timing.lease,
+            skip_topics: room.skip_topics.clone(),
+            skip: room.skip.clone(),
+        });
+        let round = Round {
+            published: std::mem::take(&mut self.published),
+            parked: std::mem::take(&mut self.parked),
+            renew,
+            lease: timing.lease,
+            release,
+            claim,
+        };
+        if round.is_empty() {
+            return;
+        }
+        if round.claim.is_some() {
+            // Taken now: what arrives from here on (a notification, a
+            // partition that drained) asks for the next claim.
+            self.more = false;
+            self.skipped = room;
+        }
+        let store = Arc::clone(&self.parts.store);
+        self.round = Some(tokio::spawn(async move {
+            let result = store.round(round.clone()).await;
+            (round, result, now)
+        }));
+    }
+
+    pub(super) fn round_done(
+        &mut self,
+        round: Round,
+        result: Result<Vec<ClaimedRow>, DbError>,
+        started: Instant,
+        now: Instant,
+    ) {
+        match result {
+            Ok(rows) => {
+                self.database_retry.reset();
+                if self.reports.recovered("database") {
+                    tracing::info!("outbox database rounds succeed again");
+                }
+                if let Some(claim) = &round.claim
+                    && rows.len() >= claim.limit as usize
+                {
+                    self.more = true;
+                }
+                self.done.parked += round.parked.len() as u64;
+                for row in rows {
+                    self.claimed(row, started);
+                }
+            }
+            Err(error) => {
+                self.parts.metrics.outbox_publish_errors.inc();
+                let pause = self.database_retry.next_delay();
+                self.database_ready_at = now + pause;
+                if self.reports.failed("database", now).is_some() {
+                    tracing::warn!(error = %ErrorChain(&error), retry_in_ms = pause.as_millis() as u64, "outbox database round failed; acknowledged rows are marked with the next round, the rows stay in the outbox");
+                }
+                self.published.extend(round.published);
+                self.parked.extend(round.parked);
+                self.renew_again.extend(round.renew);
+                if round.claim.is_some() {
+                    self.more = true;
+                }
+                if !round.release.is_empty() {
+                    // Stopping: the leases end on their own.
+                    tracing::warn!(
+                        rows = round.release.len(),
+                        "could not release the rows this instance held; another instance takes them when their lease ends"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A claimed row: to its partition's queue, or parked when it cannot
+    /// become a record.
+    fn claimed(&mut self, row: ClaimedRow, leased_at: Instant) {
+        if let Some(defect) = row.defect() {
+            tracing::warn!(event_id = %row.event_id, reason = %defect, "outbox row parked: it is not a record");
+            self.parked
+                .push((row.id, format!("{CORRUPT_ROW}: {defect}")));
+            return;
+        }
+        let Ok(headers) = row.headers else { return };
+        let held = Held {
+            id: row.id,
+            record: OutgoingRecord {
+                key: row.message_key,
+                value: row.payload,
+                headers,
+                // The broker bounds how far a timestamp may be from its
+                // clock: the record carries the publish time.
+                timestamp: self.parts.clock.now(),
+            },
+            created_at: row.created_at,
+            leased_at,
+        };
+        self.queues.add(&row.topic, held);
+    }
+}

@@ -1,0 +1,58 @@
+//! The leases of the rows held: which are due for renewal (half their
+//! lease gone) and, when the publisher stops, every row to release.
+
+use tokio::time::Instant;
+
+use super::Queues;
+use crate::outbox::partition::{Held, PartitionQueue};
+
+impl Queues {
+    /// The ids of rows whose lease reaches its half by `now`; their lease
+    /// is counted from `now` on (the renewal is on its way).
+    pub(crate) fn renew_due(&mut self, now: Instant) -> Vec<i64> {
+        let half = self.timing.lease / 2;
+        let mut due = Vec::new();
+        for row in self.rows_mut() {
+            if row.leased_at + half <= now {
+                row.leased_at = now;
+                due.push(row.id);
+            }
+        }
+        due
+    }
+
+    /// When the next lease reaches its half.
+    pub(crate) fn next_renewal(&self) -> Option<Instant> {
+        let half = self.timing.lease / 2;
+        self.rows().map(|row| row.leased_at + half).min()
+    }
+
+    /// Empties every queue (the publisher stops); returns the ids.
+    pub(crate) fn release_all(&mut self) -> Vec<i64> {
+        let ids = self.rows().map(|row| row.id).collect();
+        for t in self.topics.values_mut() {
+            t.unrouted.clear();
+            for queue in &mut t.partitions {
+                *queue = PartitionQueue::new(&self.timing, self.rng.fork());
+            }
+        }
+        self.held = 0;
+        ids
+    }
+
+    fn rows(&self) -> impl Iterator<Item = &Held> {
+        self.topics.values().flat_map(|t| {
+            t.unrouted
+                .iter()
+                .chain(t.partitions.iter().flat_map(PartitionQueue::rows))
+        })
+    }
+
+    fn rows_mut(&mut self) -> impl Iterator<Item = &mut Held> {
+        self.topics.values_mut().flat_map(|t| {
+            t.unrouted
+                .iter_mut()
+                .chain(t.partitions.iter_mut().flat_map(PartitionQueue::rows_mut))
+        })
+    }
+}

@@ -1,0 +1,105 @@
+//! A topic's side of the queues: its partition count read from metadata
+//! (when unknown, and every `Timing::metadata_max_age`), what a failed
+//! read does, which topics are watched.
+
+use tokio::time::Instant;
+
+use super::{Queues, route};
+use crate::outbox::{
+    partition::{Failing, Held, PartitionQueue},
+    transport::{ErrorClass, SendError},
+};
+
+impl Queues {
+    /// The partition count of `topic` was read at `now`.
+    pub(crate) fn set_partitions(
+        &mut self,
+        topic: &str,
+        count: i32,
+        now: Instant,
+    ) -> Option<(usize, usize)> {
+        self.watch(topic);
+        let (timing, rng) = (self.timing, &mut self.rng);
+        let t = self.topics.get_mut(topic)?;
+        t.fetching = false;
+        t.fetched_at = Some(now);
+        t.not_before = None;
+        t.failing = None;
+        t.retry.reset();
+        let count = usize::try_from(count).unwrap_or(0).max(1);
+        let before = t.partitions.len();
+        if count < before {
+            // Kafka never shrinks a topic; a recreated one starts over.
+            let mut waiting: Vec<Held> = t
+                .partitions
+                .iter_mut()
+                .flat_map(PartitionQueue::drain_waiting)
+                .collect();
+            waiting.sort_by_key(|row| row.id);
+            t.partitions.retain(PartitionQueue::in_flight);
+            t.unrouted.extend(waiting);
+        }
+        while t.partitions.len() < count {
+            t.partitions.push(PartitionQueue::new(&timing, rng.fork()));
+        }
+        for row in std::mem::take(&mut t.unrouted) {
+            route(t, row);
+        }
+        (before != count).then_some((before, count))
+    }
+
+    /// Reading `topic`'s partition count failed at `now`.
+    pub(crate) fn metadata_failed(
+        &mut self,
+        topic: &str,
+        error: &SendError,
+        now: Instant,
+    ) -> Option<Failing> {
+        let fatal_pause = self.timing.fatal_pause;
+        let t = self.topics.get_mut(topic)?;
+        t.fetching = false;
+        let pause = match error.class {
+            ErrorClass::Retriable => t.retry.next_delay(),
+            _ => fatal_pause,
+        };
+        t.not_before = Some(now + pause);
+        if t.failing.as_ref().is_none_or(|f| f.code != error.code) {
+            t.failing = Some(Failing {
+                class: error.class,
+                code: error.code.clone(),
+                since: now,
+            });
+        }
+        t.failing.clone()
+    }
+
+    /// A topic whose partition count is to be read now: unknown (or failed
+    /// and its pause over), or older than `metadata_max_age`. It is marked
+    /// as being read.
+    pub(crate) fn metadata_due(&mut self, now: Instant) -> Option<String> {
+        let max_age = self.timing.metadata_max_age;
+        // A topic other than the pinned one is watched while it has rows
+        // (a `republish --kafka-topic` of long ago is not read forever).
+        let pinned = &self.pinned;
+        self.topics.retain(|name, t| {
+            name == pinned
+                || t.fetching
+                || !t.unrouted.is_empty()
+                || t.partitions.iter().any(|q| q.len() > 0)
+        });
+        let (name, t) = self.topics.iter_mut().find(|(_, t)| {
+            !t.fetching
+                && t.not_before.is_none_or(|at| at <= now)
+                && t.fetched_at.is_none_or(|at| at + max_age <= now)
+        })?;
+        t.fetching = true;
+        Some(name.clone())
+    }
+
+    /// Whether the partition count of `topic` has been read.
+    pub(crate) fn topic_known(&self, topic: &str) -> bool {
+        self.topics
+            .get(topic)
+            .is_some_and(|t| t.fetched_at.is_some())
+    }
+}
