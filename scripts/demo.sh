@@ -7,6 +7,9 @@
 # end of DEMO_DURATION it stops the worker, lets publishing drain and ends with one line
 # holding the expired count (database) and the consumed count taken at the same moment,
 # and whether they are equal (exit 1 if not).
+# Before the worker starts it prints how to connect while the demo runs: DATABASE_URL,
+# the Kafka bootstrap address, the metrics address and a `status` command line that works
+# as it is (the same variables in $WORK/connect.env, to source from another terminal).
 #
 #   bash scripts/demo.sh                    until Ctrl-C
 #   DEMO_DURATION=90 bash scripts/demo.sh   stops by itself after 90 s (non-interactive)
@@ -123,6 +126,23 @@ RUST_LOG=warn "$BIN" migrate
 say "== booking-expiration seed --active $ACTIVE --due-fraction $DUE_FRACTION --spread $SPREAD"
 RUST_LOG=warn "$BIN" seed --active "$ACTIVE" --due-fraction "$DUE_FRACTION" --spread "$SPREAD"
 RUST_LOG=warn "$BIN" status
+
+# --- how to connect while it runs -------------------------------------------------------
+# The same lines in a file to source from another terminal.
+{
+  echo "export DATABASE_URL='$DATABASE_URL'"
+  echo "export KAFKA_BOOTSTRAP_SERVERS='$KAFKA_BOOTSTRAP_SERVERS'"
+  echo "export KAFKA_TOPIC='$TOPIC'"
+  echo "export METRICS_ADDR='$METRICS_ADDR'"
+} >"$WORK/connect.env"
+say "== connect while it runs (from another terminal; the servers go away when the demo ends):"
+say "   DATABASE_URL=$DATABASE_URL"
+say "   Kafka bootstrap $KAFKA_BOOTSTRAP_SERVERS, topic $TOPIC"
+say "   metrics http://$METRICS_ADDR/metrics, probes http://$METRICS_ADDR/healthz and /readyz"
+say "   source $WORK/connect.env   # sets DATABASE_URL, KAFKA_BOOTSTRAP_SERVERS, KAFKA_TOPIC, METRICS_ADDR"
+say "   DATABASE_URL='$DATABASE_URL' $BIN status"
+say "   curl -s http://$METRICS_ADDR/readyz"
+say "   psql '$DATABASE_URL' -c 'SELECT status, count(*) FROM bookings GROUP BY 1'"
 
 # --- worker and consumer -------------------------------------------------------------
 say "== booking-expiration run (EXPIRATION_INTERVAL=$INTERVAL, metrics http://$METRICS_ADDR/metrics, log $WORK/worker.log)"

@@ -1,6 +1,6 @@
 //! The `booking-expiration` binary: parse and validate the settings, set up
 //! logging, run a command, map the outcome to an exit status (0 ok, 1
-//! failure, 2 bad configuration).
+//! failure, 2 bad configuration, 3 migrations pending).
 
 use std::{io::Write as _, process::ExitCode};
 

@@ -27,4 +27,5 @@ mod publisher_seams;
 mod replay;
 mod schema;
 mod security;
+mod shards;
 mod traces;
