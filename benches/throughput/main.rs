@@ -28,6 +28,7 @@ mod phase_sql;
 mod render;
 mod results;
 mod scaling;
+mod sustained_plot;
 mod templates;
 mod wake_plot;
 
@@ -38,8 +39,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use figures::{
-    deadline_wake, end_to_end, expiry, idle, kafka_tls, logging, migrations, profile, publisher,
-    replay, schema_cost,
+    deadline_wake, end_to_end, expiry, idle, kafka_tls, logging, migrations, outbox_cost, profile,
+    publisher, replay, schema_cost, sustained,
 };
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
@@ -73,7 +74,19 @@ fn render_only(path: &Path) -> Result<()> {
     print!("{}", render::report(&results));
     let dir = path.parent().unwrap_or(Path::new("."));
     draw_wake_plot(&results, dir);
+    if results.sustained.is_some() {
+        draw_sustained_plot(&results, dir);
+    }
     Ok(())
+}
+
+/// `sustained.svg` into `dir`; a missing figure is reported, not fatal.
+fn draw_sustained_plot(results: &Results, dir: &Path) {
+    let svg_path = dir.join(sustained_plot::FILE);
+    match sustained_plot::draw(results, &svg_path) {
+        Ok(()) => progress!("wrote {}", svg_path.display()),
+        Err(error) => progress!("{} not drawn: {error:#}", sustained_plot::FILE),
+    }
 }
 
 /// `deadline-wake.svg` into `dir`; a missing figure is reported, not fatal.
@@ -169,6 +182,7 @@ async fn run() -> Result<()> {
         "schema_cost",
         "idle",
         "publisher",
+        "outbox_cost",
         "end_to_end",
         "scaling",
         "profile",
@@ -231,6 +245,14 @@ async fn run() -> Result<()> {
         publisher = Some(publisher::measure(&svc, &ten_k, quick).await?);
     }
 
+    let outbox_cost = match wants("outbox_cost") {
+        true => {
+            let ten_k = templates()?.backlog(Backlog::TenK);
+            Some(outbox_cost::measure(&svc, &ten_k, quick).await?)
+        }
+        false => None,
+    };
+
     let mut end_to_end = None;
     if wants("end_to_end") {
         let ten_k = templates()?.backlog(Backlog::TenK);
@@ -264,6 +286,10 @@ async fn run() -> Result<()> {
     };
     let deadline_to_kafka = match wants("deadline_to_kafka") {
         true => Some(deadline_wake::deadline_to_kafka(&svc, quick).await?),
+        false => None,
+    };
+    let sustained = match wants("sustained") {
+        true => Some(sustained::measure(&svc, quick).await?),
         false => None,
     };
     // pg_stat_statements is loaded from here on: no timed figure follows.
@@ -322,10 +348,12 @@ async fn run() -> Result<()> {
         schema_cost,
         idle_cycle,
         publisher,
+        outbox_cost,
         end_to_end,
         binary,
         lateness,
         deadline_to_kafka,
+        sustained,
         statements,
         kafka_tls,
         replay,
@@ -354,6 +382,9 @@ async fn run() -> Result<()> {
     }
     if wake_plot::FIGURES.iter().any(|f| wants(f)) {
         draw_wake_plot(&results, &out_dir);
+    }
+    if wants("sustained") {
+        draw_sustained_plot(&results, &out_dir);
     }
     progress!("wrote {}", json_path.display());
     drop(svc);
