@@ -188,7 +188,7 @@ async fn run() -> Result<()> {
         "profile",
     ];
     let templates = if seeded.iter().any(|f| wants(f)) {
-        Some(Templates::seed(&svc).await?)
+        Some(Templates::seed(&svc, wants("idle") || wants("scaling")).await?)
     } else {
         None
     };
@@ -196,7 +196,7 @@ async fn run() -> Result<()> {
 
     let mut comparisons = BTreeMap::new();
     if wants("expiry") {
-        let ten_k = templates()?.backlog(Backlog::TenK);
+        let ten_k = templates()?.backlog(Backlog::TenK)?;
         progress!(
             "1. expiry throughput, 10k due among {} rows, batch 200",
             ten_k.template.rows
@@ -209,7 +209,7 @@ async fn run() -> Result<()> {
 
     let logging = match wants("logging") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             Some(logging::measure(&svc, &ten_k, quick).await?)
         }
         false => None,
@@ -217,7 +217,7 @@ async fn run() -> Result<()> {
 
     let lean = match wants("lean") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             progress!("10. expiry against raw SQL on the own and on a lean schema");
             Some(schema_cost::lean(&svc, &ten_k, quick).await?)
         }
@@ -225,7 +225,7 @@ async fn run() -> Result<()> {
     };
     let schema_cost = match wants("schema_cost") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             progress!("11. schema cost: one change at a time, raw statement timed");
             Some(schema_cost::schema_cost(&svc, &ten_k, quick).await?)
         }
@@ -234,20 +234,20 @@ async fn run() -> Result<()> {
 
     let mut idle_cycle = None;
     if wants("idle") {
-        let t1m = &templates()?.t1m;
+        let t1m = templates()?.t1m()?;
         progress!("3. idle cycle over {} bookings", t1m.rows);
         idle_cycle = Some(idle::measure(&svc, t1m, figures::reps(quick, 30)).await?);
     }
 
     let mut publisher = None;
     if wants("publisher") {
-        let ten_k = templates()?.backlog(Backlog::TenK);
+        let ten_k = templates()?.backlog(Backlog::TenK)?;
         publisher = Some(publisher::measure(&svc, &ten_k, quick).await?);
     }
 
     let outbox_cost = match wants("outbox_cost") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             Some(outbox_cost::measure(&svc, &ten_k, quick).await?)
         }
         false => None,
@@ -255,7 +255,7 @@ async fn run() -> Result<()> {
 
     let mut end_to_end = None;
     if wants("end_to_end") {
-        let ten_k = templates()?.backlog(Backlog::TenK);
+        let ten_k = templates()?.backlog(Backlog::TenK)?;
         end_to_end = Some(end_to_end::measure(&svc, &ten_k, quick).await?);
     }
     let binary = end_to_end::Binary::measure()?;
@@ -309,7 +309,7 @@ async fn run() -> Result<()> {
     };
     let profile = match wants("profile") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             Some(profile::measure(&svc, &ten_k).await?)
         }
         false => None,
