@@ -106,13 +106,16 @@ fn draw_log_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> R
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.0))
             .filter(positive),
+        1.5,
     );
+    // A decade above the values for the legend.
     let ys = log_range_tight(
         panel
             .series
             .iter()
             .flat_map(|s| s.points.iter().map(|p| p.1))
             .filter(positive),
+        12.0,
     );
     let mut chart = ChartBuilder::on(area)
         .caption(&panel.title, ("sans-serif", 15))
@@ -165,16 +168,16 @@ fn draw_log_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> R
     Ok(())
 }
 
-/// The values' span on a log axis, a little wider on both sides (a decade
-/// above, for the legend).
-fn log_range_tight(values: impl Iterator<Item = f64>) -> Range<f64> {
+/// The values' span on a log axis, a little wider below and `above` times
+/// the largest value on top.
+fn log_range_tight(values: impl Iterator<Item = f64>, above: f64) -> Range<f64> {
     let (lo, hi) = values.fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| {
         (lo.min(v), hi.max(v))
     });
     if hi <= 0.0 || !lo.is_finite() {
         return 0.1..10.0;
     }
-    lo / 1.5..hi * 12.0
+    lo / 1.5..hi * above
 }
 
 /// Draws `panels` (both axes logarithmic) in a 2 x 2 grid under `title`.

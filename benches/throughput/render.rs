@@ -1070,7 +1070,7 @@ pub fn outbox_cost_tables(c: &OutboxCost) -> String {
 pub fn sustained_table(f: &Sustained) -> String {
     let mut out = format!(
         "\nSustained rate ({:.0} s of deadlines per step, binary `run` at its defaults; took {:.0} s, load average {} at the start, {} at the end):\n\n\
-         | instances | rate /s | bookings | commit − deadline p50 / p99 / max s | expired_at − deadline p99 s | acked on Kafka − deadline p50 / p99 s | most due rows | most unpublished rows | all expired / published after the last deadline, s | left active / unpublished | CPU ms per 1,000 events: instances / PostgreSQL / Kafka | WAL MB per 1,000 events | cores: instances / PostgreSQL / Kafka / machine | autovacuum runs | log B per event | load at start |\n\
+         | instances | rate /s | bookings | commit − deadline p50 / p99 / max s | expired_at − deadline p99 s | acked on Kafka − deadline p50 / p99 s | most due rows | most unpublished rows | all expired / published after the last deadline, s | left active / unpublished | CPU ms per 1,000 events: instances / PostgreSQL / Kafka | WAL MB per 1,000 events | cores: instances / PostgreSQL / Kafka / machine (others) | autovacuum runs | log B per event | load at start |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         f.step_s,
         f.duration_s,
@@ -1086,7 +1086,7 @@ pub fn sustained_table(f: &Sustained) -> String {
     for (instances, s) in steps {
         let _ = writeln!(
             out,
-            "| {instances} | {} | {} | {:.3} / {:.3} / {:.3} | {:.3} | {:.3} / {:.3} | {} | {} | {:.1} / {:.1} | {} / {} | {:.0} / {:.0} / {:.0} | {:.2} | {:.2} / {:.2} / {:.2} / {:.2} | {} | {:.0} | {:.2} |",
+            "| {instances} | {} | {} | {:.3} / {:.3} / {:.3} | {:.3} | {:.3} / {:.3} | {} | {} | {:.1} / {:.1} | {} / {} | {:.0} / {:.0} / {:.0} | {:.2} | {:.2} / {:.2} / {:.2} / {:.2} ({:.2}) | {} | {:.0} | {:.2} |",
             num(s.rate),
             num(s.bookings as f64),
             s.commit_p50_s,
@@ -1109,6 +1109,7 @@ pub fn sustained_table(f: &Sustained) -> String {
             s.pg_cores,
             s.kafka_cores,
             s.machine_busy_cores,
+            s.others_cores,
             s.autovacuum_runs,
             s.log_bytes_per_event,
             s.loadavg_at_start[0]

@@ -75,6 +75,12 @@ pub fn draw(r: &Results, path: &Path) -> Result<()> {
         cores.push(series(c, "whole machine", a, |s| s.machine_busy_cores));
         cores.push(series(c, "PostgreSQL", b, |s| s.pg_cores));
         cores.push(series(c, "instances", d, |s| s.worker_cores));
+        cores.push(series(
+            c,
+            "other users' work",
+            RGBColor(0x7f, 0x7f, 0x7f),
+            |s| s.others_cores,
+        ));
     }
     let panels = [
         Panel {

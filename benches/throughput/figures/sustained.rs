@@ -51,8 +51,8 @@ use crate::{
     phase_sql::due_deadline_expr,
     progress,
     support::{
-        Services, create_topic, kafka_client, loadavg, machine_cpu_ms, pid_cpu_ms, run_time_ms,
-        tree_cpu_ms, wall_now,
+        Services, create_topic, kafka_client, loadavg, machine_cpu_ms, pid_cpu_ms, process_cpu_ms,
+        run_time_ms, tree_cpu_ms, wall_now,
     },
 };
 
@@ -140,6 +140,11 @@ pub struct Step {
     pub pg_cores: f64,
     pub kafka_cores: f64,
     pub machine_busy_cores: f64,
+    /// What the rest of the machine used meanwhile (other users' work):
+    /// the machine less the instances, PostgreSQL, the broker and this
+    /// bench.
+    #[serde(default)]
+    pub others_cores: f64,
     /// Autovacuum and autoanalyze runs on the step's tables in the window.
     pub autovacuum_runs: i64,
     /// Log bytes the instances wrote per event.
@@ -222,6 +227,7 @@ struct Reading {
     monitor_ms: f64,
     kafka_ms: f64,
     machine_busy_ms: f64,
+    bench_ms: f64,
     wal: f64,
     autovacuum: i64,
 }
@@ -257,6 +263,7 @@ async fn reading(
         monitor_ms: run_time_ms(monitor_pid),
         kafka_ms: pid_cpu_ms(svc.kafka_pid()?).unwrap_or(f64::NAN),
         machine_busy_ms: busy,
+        bench_ms: process_cpu_ms(),
         wal: row.wal,
         autovacuum: row.autovacuum,
     })
@@ -431,6 +438,12 @@ async fn run_step(
         pg_cores: pg_ms / window_ms,
         kafka_cores: (r1.kafka_ms - r0.kafka_ms) / window_ms,
         machine_busy_cores: (r1.machine_busy_ms - r0.machine_busy_ms) / window_ms,
+        others_cores: ((r1.machine_busy_ms - r0.machine_busy_ms)
+            - (r1.worker_ms - r0.worker_ms)
+            - (r1.pg_ms - r0.pg_ms)
+            - (r1.kafka_ms - r0.kafka_ms)
+            - (r1.bench_ms - r0.bench_ms))
+            / window_ms,
         autovacuum_runs: r1.autovacuum - r0.autovacuum,
         log_bytes_per_event: log_bytes as f64 / events,
         clean_exit,
@@ -439,7 +452,7 @@ async fn run_step(
     };
     progress!(
         "sustained x{n_instances} {rate:.0}/s: commit lateness p50 {:.3} s p99 {:.3} s max {:.3} s, acked p99 {:.3} s; most due {}, most unpublished {}; \
-         per 1,000 events: worker {:.0} ms, PostgreSQL {:.0} ms, Kafka {:.0} ms CPU, WAL {:.2} MB; cores: worker {:.2}, PostgreSQL {:.2}, Kafka {:.2}, machine {:.2}; \
+         per 1,000 events: worker {:.0} ms, PostgreSQL {:.0} ms, Kafka {:.0} ms CPU, WAL {:.2} MB; cores: worker {:.2}, PostgreSQL {:.2}, Kafka {:.2}, machine {:.2} (others {:.2}); \
          expired +{:.1} s, published +{:.1} s after the last deadline; left {} / {}; {} on Kafka; {} autovacuum runs",
         step.commit_p50_s,
         step.commit_p99_s,
@@ -455,6 +468,7 @@ async fn run_step(
         step.pg_cores,
         step.kafka_cores,
         step.machine_busy_cores,
+        step.others_cores,
         step.expired_after_last_deadline_s,
         step.published_after_last_deadline_s,
         step.left_active,
