@@ -79,6 +79,96 @@ pub fn process_cpu_ms() -> f64 {
     (ticks(11) + ticks(12)) * 10.0
 }
 
+/// Fields of `/proc/PID/stat` after the command name (which is in
+/// parentheses and may hold spaces): index 0 is the state (field 3).
+fn proc_stat_fields(pid: u32) -> Option<Vec<u64>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    // The state is a letter; every other field used here is a number.
+    Some(
+        rest.split_whitespace()
+            .map(|v| v.parse::<u64>().unwrap_or(0))
+            .collect(),
+    )
+}
+
+/// CPU time of one process (all its threads), user + system, in
+/// milliseconds (`/proc/PID/stat`, clock ticks of 10 ms); `None` once it
+/// is gone.
+pub fn pid_cpu_ms(pid: u32) -> Option<f64> {
+    let f = proc_stat_fields(pid)?;
+    // utime and stime are fields 14 and 15: 11 and 12 after ')'.
+    Some((f.get(11)? + f.get(12)?) as f64 * 10.0)
+}
+
+/// CPU time of a process tree's root and everything it started, in
+/// milliseconds: the root's own time, the time of its children that
+/// exited (`cutime + cstime`: counted once the root reaped them) and that
+/// of its live children (each from `/proc/PID/schedstat`, exact). For the
+/// postmaster that is the whole PostgreSQL cluster: backends, background
+/// workers, the checkpointer and the WAL writer. A child that exits
+/// between two readings moves from the live sum to the reaped one, which
+/// `/proc` gives in 10 ms ticks: keep the processes of what is measured
+/// alive until the second reading, and a difference is exact to a tick.
+pub fn tree_cpu_ms(root: u32) -> f64 {
+    let Some(f) = proc_stat_fields(root) else {
+        return f64::NAN;
+    };
+    // cutime and cstime: fields 16 and 17, 13 and 14 after ')'.
+    let reaped = (f.get(13).unwrap_or(&0) + f.get(14).unwrap_or(&0)) as f64 * 10.0;
+    let mut live = run_time_ms(root);
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            // The parent pid is field 4: 1 after ')'.
+            if let Some(f) = proc_stat_fields(pid)
+                && f.get(1) == Some(&u64::from(root))
+            {
+                live += run_time_ms(pid);
+            }
+        }
+    }
+    reaped + live
+}
+
+/// Time on a CPU of a single-threaded process (PostgreSQL's are), exact to
+/// the nanosecond (`/proc/PID/schedstat`'s first field), in milliseconds;
+/// its ticks from `/proc/PID/stat` where schedstat is missing; 0 once it
+/// is gone.
+pub fn run_time_ms(pid: u32) -> f64 {
+    if let Some(ns) = fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+    {
+        return ns / 1e6;
+    }
+    pid_cpu_ms(pid).unwrap_or(0.0)
+}
+
+/// The machine's CPU time so far from `/proc/stat`, in milliseconds:
+/// `(busy, all)` over every core (busy: all but idle and iowait).
+pub fn machine_cpu_ms() -> (f64, f64) {
+    let text = fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(line) = text.lines().find(|l| l.starts_with("cpu ")) else {
+        return (f64::NAN, f64::NAN);
+    };
+    let v: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest is in user).
+    let all: f64 = v.iter().take(8).sum();
+    let idle = v.get(3).unwrap_or(&0.0) + v.get(4).unwrap_or(&0.0);
+    ((all - idle) * 10.0, all * 10.0)
+}
+
 /// min / median / max of repeated samples.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Stat {
@@ -224,6 +314,26 @@ impl Services {
         progress!("starting Kafka on {}", services.kafka_bootstrap);
         services.kafka = Some(Kafka::start(&work.join("kafka"), kafka_port)?);
         Ok(services)
+    }
+
+    /// The postmaster's pid (`postmaster.pid`'s first line): the root of
+    /// every PostgreSQL process ([`tree_cpu_ms`]).
+    pub fn postmaster_pid(&self) -> Result<u32> {
+        let text = fs::read_to_string(self.work.join("pg/data/postmaster.pid"))?;
+        Ok(text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("no pid in postmaster.pid"))?)
+    }
+
+    /// The Kafka broker's pid (`kafka.pid` of `scripts/kafka.sh`).
+    pub fn kafka_pid(&self) -> Result<u32> {
+        let text = fs::read_to_string(self.work.join("kafka/kafka.pid"))?;
+        Ok(text
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("no pid in kafka.pid"))?)
     }
 
     pub fn url_of(&self, db: &str) -> String {

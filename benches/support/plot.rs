@@ -95,6 +95,96 @@ fn draw_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Resul
     Ok(())
 }
 
+/// A line panel with both axes logarithmic; points at or below zero are
+/// left out.
+fn draw_log_panel(area: &DrawingArea<SVGBackend<'_>, Shift>, panel: &Panel) -> Result<()> {
+    let err = |e: &dyn std::fmt::Debug| anyhow!("plot: {e:?}");
+    let positive = |v: &f64| *v > 0.0 && v.is_finite();
+    let xs = log_range_tight(
+        panel
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .filter(positive),
+        1.5,
+    );
+    // A decade above the values for the legend.
+    let ys = log_range_tight(
+        panel
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .filter(positive),
+        12.0,
+    );
+    let mut chart = ChartBuilder::on(area)
+        .caption(&panel.title, ("sans-serif", 15))
+        .margin(14)
+        .x_label_area_size(42)
+        .y_label_area_size(64)
+        .build_cartesian_2d(xs.log_scale(), ys.log_scale())
+        .map_err(|e| err(&e))?;
+    let x_tick = |x: &f64| tick(*x);
+    let y_tick = |y: &f64| tick(*y);
+    chart
+        .configure_mesh()
+        .x_desc(panel.x_desc.as_str())
+        .y_desc(panel.y_desc.as_str())
+        .x_label_formatter(&x_tick)
+        .y_label_formatter(&y_tick)
+        .draw()
+        .map_err(|e| err(&e))?;
+    for series in &panel.series {
+        let color = series.color;
+        let points: Vec<(f64, f64)> = series
+            .points
+            .iter()
+            .copied()
+            .filter(|(x, y)| positive(x) && positive(y))
+            .collect();
+        let dashed = series.name.contains("p50") || series.name.contains("due");
+        let style = if dashed {
+            color.mix(0.6).stroke_width(2)
+        } else {
+            color.stroke_width(2)
+        };
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), style))
+            .map_err(|e| err(&e))?
+            .label(series.name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 11))
+        .draw()
+        .map_err(|e| err(&e))?;
+    Ok(())
+}
+
+/// The values' span on a log axis, a little wider below and `above` times
+/// the largest value on top.
+fn log_range_tight(values: impl Iterator<Item = f64>, above: f64) -> Range<f64> {
+    let (lo, hi) = values.fold((f64::INFINITY, 0.0_f64), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if hi <= 0.0 || !lo.is_finite() {
+        return 0.1..10.0;
+    }
+    lo / 1.5..hi * above
+}
+
+/// Draws `panels` (both axes logarithmic) in a 2 x 2 grid under `title`.
+pub fn draw_log(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
+    draw_grid(path, (1200, 900), title, (2, 2), panels, draw_log_panel)
+}
+
 /// Draws `panels` in a 2 x 2 grid under `title` into `path`.
 pub fn draw(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
     draw_grid(path, (1200, 860), title, (2, 2), panels, draw_panel)

@@ -28,6 +28,7 @@ mod phase_sql;
 mod render;
 mod results;
 mod scaling;
+mod sustained_plot;
 mod templates;
 mod wake_plot;
 
@@ -38,8 +39,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use figures::{
-    deadline_wake, end_to_end, expiry, idle, kafka_tls, logging, migrations, profile, publisher,
-    replay, schema_cost,
+    deadline_wake, end_to_end, expiry, idle, kafka_tls, logging, migrations, outbox_cost, profile,
+    publisher, replay, schema_cost, sustained,
 };
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
@@ -73,7 +74,19 @@ fn render_only(path: &Path) -> Result<()> {
     print!("{}", render::report(&results));
     let dir = path.parent().unwrap_or(Path::new("."));
     draw_wake_plot(&results, dir);
+    if results.sustained.is_some() {
+        draw_sustained_plot(&results, dir);
+    }
     Ok(())
+}
+
+/// `sustained.svg` into `dir`; a missing figure is reported, not fatal.
+fn draw_sustained_plot(results: &Results, dir: &Path) {
+    let svg_path = dir.join(sustained_plot::FILE);
+    match sustained_plot::draw(results, &svg_path) {
+        Ok(()) => progress!("wrote {}", svg_path.display()),
+        Err(error) => progress!("{} not drawn: {error:#}", sustained_plot::FILE),
+    }
 }
 
 /// `deadline-wake.svg` into `dir`; a missing figure is reported, not fatal.
@@ -169,12 +182,13 @@ async fn run() -> Result<()> {
         "schema_cost",
         "idle",
         "publisher",
+        "outbox_cost",
         "end_to_end",
         "scaling",
         "profile",
     ];
     let templates = if seeded.iter().any(|f| wants(f)) {
-        Some(Templates::seed(&svc).await?)
+        Some(Templates::seed(&svc, wants("idle") || wants("scaling")).await?)
     } else {
         None
     };
@@ -182,7 +196,7 @@ async fn run() -> Result<()> {
 
     let mut comparisons = BTreeMap::new();
     if wants("expiry") {
-        let ten_k = templates()?.backlog(Backlog::TenK);
+        let ten_k = templates()?.backlog(Backlog::TenK)?;
         progress!(
             "1. expiry throughput, 10k due among {} rows, batch 200",
             ten_k.template.rows
@@ -195,7 +209,7 @@ async fn run() -> Result<()> {
 
     let logging = match wants("logging") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             Some(logging::measure(&svc, &ten_k, quick).await?)
         }
         false => None,
@@ -203,7 +217,7 @@ async fn run() -> Result<()> {
 
     let lean = match wants("lean") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             progress!("10. expiry against raw SQL on the own and on a lean schema");
             Some(schema_cost::lean(&svc, &ten_k, quick).await?)
         }
@@ -211,7 +225,7 @@ async fn run() -> Result<()> {
     };
     let schema_cost = match wants("schema_cost") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             progress!("11. schema cost: one change at a time, raw statement timed");
             Some(schema_cost::schema_cost(&svc, &ten_k, quick).await?)
         }
@@ -220,20 +234,28 @@ async fn run() -> Result<()> {
 
     let mut idle_cycle = None;
     if wants("idle") {
-        let t1m = &templates()?.t1m;
+        let t1m = templates()?.t1m()?;
         progress!("3. idle cycle over {} bookings", t1m.rows);
         idle_cycle = Some(idle::measure(&svc, t1m, figures::reps(quick, 30)).await?);
     }
 
     let mut publisher = None;
     if wants("publisher") {
-        let ten_k = templates()?.backlog(Backlog::TenK);
+        let ten_k = templates()?.backlog(Backlog::TenK)?;
         publisher = Some(publisher::measure(&svc, &ten_k, quick).await?);
     }
 
+    let outbox_cost = match wants("outbox_cost") {
+        true => {
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
+            Some(outbox_cost::measure(&svc, &ten_k, quick).await?)
+        }
+        false => None,
+    };
+
     let mut end_to_end = None;
     if wants("end_to_end") {
-        let ten_k = templates()?.backlog(Backlog::TenK);
+        let ten_k = templates()?.backlog(Backlog::TenK)?;
         end_to_end = Some(end_to_end::measure(&svc, &ten_k, quick).await?);
     }
     let binary = end_to_end::Binary::measure()?;
@@ -266,6 +288,10 @@ async fn run() -> Result<()> {
         true => Some(deadline_wake::deadline_to_kafka(&svc, quick).await?),
         false => None,
     };
+    let sustained = match wants("sustained") {
+        true => Some(sustained::measure(&svc, quick).await?),
+        false => None,
+    };
     // pg_stat_statements is loaded from here on: no timed figure follows.
     let statements = match wants("statements") {
         true => Some(deadline_wake::statements(&svc, quick).await?),
@@ -283,7 +309,7 @@ async fn run() -> Result<()> {
     };
     let profile = match wants("profile") {
         true => {
-            let ten_k = templates()?.backlog(Backlog::TenK);
+            let ten_k = templates()?.backlog(Backlog::TenK)?;
             Some(profile::measure(&svc, &ten_k).await?)
         }
         false => None,
@@ -322,10 +348,12 @@ async fn run() -> Result<()> {
         schema_cost,
         idle_cycle,
         publisher,
+        outbox_cost,
         end_to_end,
         binary,
         lateness,
         deadline_to_kafka,
+        sustained,
         statements,
         kafka_tls,
         replay,
@@ -354,6 +382,9 @@ async fn run() -> Result<()> {
     }
     if wake_plot::FIGURES.iter().any(|f| wants(f)) {
         draw_wake_plot(&results, &out_dir);
+    }
+    if wants("sustained") {
+        draw_sustained_plot(&results, &out_dir);
     }
     progress!("wrote {}", json_path.display());
     drop(svc);

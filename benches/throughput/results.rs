@@ -16,26 +16,30 @@ use crate::figures::{
     idle::IdleCycle,
     kafka_tls::KafkaTlsFigure,
     migrations::MigrationsFigure,
+    outbox_cost::OutboxCost,
     profile::ProfileRun,
     publisher::PublisherFigure,
     replay::ReplayFigure,
     schema_cost::{LeanFigure, SchemaCost},
+    sustained::Sustained,
 };
 
 /// The figures `BENCH_ONLY` names, in the order a full run measures them.
-pub const FIGURES: [&str; 16] = [
+pub const FIGURES: [&str; 18] = [
     "expiry",
     "logging",
     "lean",
     "schema_cost",
     "idle",
     "publisher",
+    "outbox_cost",
     "end_to_end",
     "scaling",
     "replay",
     "migrations",
     "lateness",
     "deadline_to_kafka",
+    "sustained",
     "statements",
     "late_arrivals",
     "profile",
@@ -76,6 +80,10 @@ pub struct Results {
     /// Figure 4.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub publisher: Option<PublisherFigure>,
+    /// Figure 17: PostgreSQL's CPU and WAL per event, the publisher
+    /// before and after the pipeline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outbox_cost: Option<OutboxCost>,
     /// Figures 5 and 6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_to_end: Option<EndToEnd>,
@@ -86,6 +94,9 @@ pub struct Results {
     /// Figure 8: deadline → record on Kafka.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_to_kafka: Option<DeadlineToKafka>,
+    /// Figure 18: bookings falling due at steps of rate, 1 and 4 instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sustained: Option<Sustained>,
     /// Figure 9: statements per minute, 1 and 4 instances, both modes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub statements: Option<Statements>,
@@ -148,6 +159,8 @@ impl Results {
             "schema_cost" => self.schema_cost.is_some(),
             "idle" => self.idle_cycle.is_some(),
             "publisher" => self.publisher.is_some(),
+            "outbox_cost" => self.outbox_cost.is_some(),
+            "sustained" => self.sustained.is_some(),
             "end_to_end" => self.end_to_end.is_some(),
             "lateness" => self.lateness.is_some(),
             "deadline_to_kafka" => self.deadline_to_kafka.is_some(),
@@ -184,6 +197,8 @@ impl Results {
         self.schema_cost = self.schema_cost.or(previous.schema_cost);
         self.idle_cycle = self.idle_cycle.or(previous.idle_cycle);
         self.publisher = self.publisher.or(previous.publisher);
+        self.outbox_cost = self.outbox_cost.or(previous.outbox_cost);
+        self.sustained = self.sustained.or(previous.sustained);
         self.end_to_end = self.end_to_end.or(previous.end_to_end);
         self.lateness = self.lateness.or(previous.lateness);
         self.deadline_to_kafka = self.deadline_to_kafka.or(previous.deadline_to_kafka);

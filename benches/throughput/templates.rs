@@ -44,64 +44,99 @@ pub enum Backlog {
     TenKOfOneM,
 }
 
-/// The three templates of the run, with their due rows.
+/// The templates of the run, with their due rows. `tpl_100k` and `tpl_1m`
+/// are seeded only for the figures that run on them (idle, scaling).
 pub struct Templates {
     pub t10k: Template,
-    pub t100k: Template,
-    pub t1m: Template,
+    large: Option<Large>,
     due_10k: u64,
+}
+
+struct Large {
+    t100k: Template,
+    t1m: Template,
     due_100k: u64,
     due_1m_10k: u64,
 }
 
 impl Templates {
-    /// Seeds the templates. The 10k and 100k sets keep their not-yet-due
-    /// rows ten years out, so none becomes due during the run (the
-    /// end-to-end run uses the real clock); the 1M set spreads them over 30
-    /// days so that one day later about 10k are due.
-    pub async fn seed(svc: &Services) -> Result<Self> {
+    /// Seeds the templates (the large two when `large`). The 10k and 100k
+    /// sets keep their not-yet-due rows ten years out, so none becomes due
+    /// during the run (the end-to-end run uses the real clock); the 1M set
+    /// spreads them over 30 days so that one day later about 10k are due.
+    pub async fn seed(svc: &Services, large: bool) -> Result<Self> {
         let now = crate::support::wall_now();
-        progress!("seeding templates (1M rows take a while)");
+        if large {
+            progress!("seeding templates (1M rows take a while)");
+        } else {
+            progress!("seeding tpl_10k (no figure of this run needs the larger templates)");
+        }
         let t10k = build(svc, "tpl_10k", &plan(40_000, 10_000, 60_000, now, 3650)).await?;
-        let t100k = build(svc, "tpl_100k", &plan(130_000, 100_000, 60_000, now, 3650)).await?;
-        let t1m = build(svc, "tpl_1m", &plan(300_000, 0, 700_000, now, 30)).await?;
         let due_10k = due_at(svc, &t10k.name, t10k.as_of).await?;
-        let due_100k = due_at(svc, &t100k.name, t100k.as_of).await?;
-        let due_1m_10k = due_at(svc, &t1m.name, one_day_later(&t1m)).await?;
-        progress!(
-            "due: {due_10k} in {}, {due_100k} in {}, {due_1m_10k} in {} one day later",
-            t10k.name,
-            t100k.name,
-            t1m.name
-        );
+        let large = match large {
+            true => {
+                let t100k =
+                    build(svc, "tpl_100k", &plan(130_000, 100_000, 60_000, now, 3650)).await?;
+                let t1m = build(svc, "tpl_1m", &plan(300_000, 0, 700_000, now, 30)).await?;
+                let due_100k = due_at(svc, &t100k.name, t100k.as_of).await?;
+                let due_1m_10k = due_at(svc, &t1m.name, one_day_later(&t1m)).await?;
+                progress!(
+                    "due: {due_100k} in {}, {due_1m_10k} in {} one day later",
+                    t100k.name,
+                    t1m.name
+                );
+                Some(Large {
+                    t100k,
+                    t1m,
+                    due_100k,
+                    due_1m_10k,
+                })
+            }
+            false => None,
+        };
+        progress!("due: {due_10k} in {}", t10k.name);
         Ok(Self {
             t10k,
-            t100k,
-            t1m,
+            large,
             due_10k,
-            due_100k,
-            due_1m_10k,
         })
     }
 
-    pub fn backlog(&self, backlog: Backlog) -> DueSet<'_> {
-        match backlog {
+    fn large(&self) -> Result<&Large> {
+        self.large
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("tpl_100k and tpl_1m were not seeded in this run"))
+    }
+
+    /// `tpl_1m` (seeded for the idle and scaling figures).
+    pub fn t1m(&self) -> Result<&Template> {
+        Ok(&self.large()?.t1m)
+    }
+
+    pub fn backlog(&self, backlog: Backlog) -> Result<DueSet<'_>> {
+        Ok(match backlog {
             Backlog::TenK => DueSet {
                 template: &self.t10k,
                 as_of: self.t10k.as_of,
                 due: self.due_10k,
             },
-            Backlog::HundredK => DueSet {
-                template: &self.t100k,
-                as_of: self.t100k.as_of,
-                due: self.due_100k,
-            },
-            Backlog::TenKOfOneM => DueSet {
-                template: &self.t1m,
-                as_of: one_day_later(&self.t1m),
-                due: self.due_1m_10k,
-            },
-        }
+            Backlog::HundredK => {
+                let large = self.large()?;
+                DueSet {
+                    template: &large.t100k,
+                    as_of: large.t100k.as_of,
+                    due: large.due_100k,
+                }
+            }
+            Backlog::TenKOfOneM => {
+                let large = self.large()?;
+                DueSet {
+                    template: &large.t1m,
+                    as_of: one_day_later(&large.t1m),
+                    due: large.due_1m_10k,
+                }
+            }
+        })
     }
 }
 

@@ -94,7 +94,7 @@ impl Load {
             Self::of(1_000, 30.0)
         }
     }
-    fn of(bookings: u64, spread_s: f64) -> Self {
+    pub(crate) fn of(bookings: u64, spread_s: f64) -> Self {
         Self { bookings, spread_s }
     }
 }
@@ -817,17 +817,17 @@ pub async fn late_arrivals(svc: &Services, quick: bool) -> Result<LateArrivals> 
 
 /// A `booking-expiration run` child process (its own environment only:
 /// nothing of the bench's environment leaks in).
-struct Instance {
+pub(crate) struct Instance {
     child: tokio::process::Child,
-    pid: u32,
-    log: PathBuf,
+    pub(crate) pid: u32,
+    pub(crate) log: PathBuf,
 }
 
 impl Instance {
     /// `run --no-publisher` unless `topic` is given (then the publisher
     /// sends to it); defaults otherwise, `EXPIRATION_DEADLINE_WAKE=false`
     /// for the fixed mode.
-    fn spawn(
+    pub(crate) fn spawn(
         svc: &Services,
         url: &str,
         mode: Mode,
@@ -869,7 +869,7 @@ impl Instance {
         Ok(Self { child, pid, log })
     }
 
-    async fn ensure_running(&mut self) -> Result<()> {
+    pub(crate) async fn ensure_running(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(
                 "the binary exited early ({status}); log: {}",
@@ -880,7 +880,7 @@ impl Instance {
     }
 
     /// SIGTERM to this child, by its pid; `true` on a clean exit.
-    async fn stop(mut self) -> bool {
+    pub(crate) async fn stop(mut self) -> bool {
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status();
@@ -902,7 +902,7 @@ fn mode_name(mode: Mode) -> &'static str {
 }
 
 /// A new database `dw_<name>` with the migrations applied.
-async fn fresh_db(svc: &Services, name: &str) -> Result<String> {
+pub(crate) async fn fresh_db(svc: &Services, name: &str) -> Result<String> {
     let db = format!("dw_{name}");
     svc.drop_db(&db).await?;
     svc.admin_exec(&format!("CREATE DATABASE {db}")).await?;
@@ -932,7 +932,7 @@ async fn spread_dbs(
     Ok((dbs, first, last))
 }
 
-async fn insert_spread(url: &str, load: Load, first: DateTime<Utc>) -> Result<()> {
+pub(crate) async fn insert_spread(url: &str, load: Load, first: DateTime<Utc>) -> Result<()> {
     let mut conn = AsyncPgConnection::establish(url).await?;
     let n = diesel::sql_query(spread_insert_sql())
         .bind::<BigInt, _>(load.bookings as i64)
@@ -945,16 +945,16 @@ async fn insert_spread(url: &str, load: Load, first: DateTime<Utc>) -> Result<()
     Ok(())
 }
 
-fn secs(s: f64) -> chrono::Duration {
+pub(crate) fn secs(s: f64) -> chrono::Duration {
     chrono::Duration::microseconds((s * 1e6) as i64)
 }
 
 /// `to − from` in seconds.
-fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+pub(crate) fn seconds_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e6
 }
 
-async fn sleep_until(at: DateTime<Utc>) {
+pub(crate) async fn sleep_until(at: DateTime<Utc>) {
     let left = seconds_between(wall_now(), at);
     if left > 0.0 {
         tokio::time::sleep(Duration::from_secs_f64(left)).await;

@@ -184,7 +184,7 @@ pub async fn measure(
     config: &Config,
     quick: bool,
 ) -> Result<Comparison> {
-    let set = templates.backlog(config.backlog);
+    let set = templates.backlog(config.backlog)?;
     let reps = reps(quick, config.reps);
     let label = config.label;
     let load = loadavg();

@@ -10,10 +10,12 @@ pub mod idle;
 pub mod kafka_tls;
 pub mod logging;
 pub mod migrations;
+pub mod outbox_cost;
 pub mod profile;
 pub mod publisher;
 pub mod replay;
 pub mod schema_cost;
+pub mod sustained;
 
 use anyhow::Result;
 use booking_expiration::db::{self, PgPool};

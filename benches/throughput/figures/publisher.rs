@@ -1,11 +1,22 @@
 //! Figure 4, the publisher: the pipeline draining an outbox of 10k rows to
-//! Kafka against its DB-only limit (the same pipeline with a broker that
-//! acknowledges at once: its claims, leases and marks alone), with two
-//! profile rows: the Kafka-only limit (the same records through
+//! Kafka against its DB-only limit: the same pipeline on the same
+//! `PgStore` with a broker that acknowledges every request at once and
+//! keeps nothing ([`InstantAck`]), so what is left is its claims, leases
+//! and marks (the database rounds) and its own client work. Profile rows:
+//! the same with `ScriptedTransport` (which also keeps a copy of every
+//! record), the rounds without the pipeline (the claim and mark statements
+//! back to back), the Kafka-only limit (the same records through
 //! `KafkaTransport`, no database) with the serial model, and two publisher
 //! instances in parallel.
 
-use std::{sync::Arc, time::Duration, time::Instant};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+    time::Instant,
+};
 
 use anyhow::{Result, ensure};
 use booking_expiration::{
@@ -15,7 +26,8 @@ use booking_expiration::{
     db::PgPool,
     events::Headers,
     outbox::{
-        KafkaTransport, OutgoingRecord, PgStore, Publisher, ScriptedTransport, Timing, Transport,
+        KafkaTransport, OutgoingRecord, PgStore, Publisher, Round, ScriptedTransport, SendError,
+        Store, Timing, Transport,
     },
     telemetry::{Health, Metrics},
 };
@@ -42,16 +54,34 @@ const TEMPLATE: &str = "tpl_pub";
 /// The publisher figure (`results.json`'s `publisher`).
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PublisherFigure {
-    /// Outbox rows, the warm-up batch included.
+    /// Outbox rows, every one timed.
     pub rows: u64,
     pub batch: u32,
-    /// Each run's connection and metadata read are made before the clock
-    /// starts.
+    /// Was a first batch left out of the timing (the figure before #32);
+    /// now the connections and the topic's metadata are made before the
+    /// clock starts and every row is timed.
     pub warm_up_batch_excluded: bool,
     pub kafka_events_per_s: Stat,
+    /// The pipeline with a broker that acknowledges at once and keeps
+    /// nothing ([`InstantAck`]).
     pub db_only_rows_per_s: Stat,
     /// Publisher median over DB-only median.
     pub ratio: f64,
+    /// Publisher over DB-only per repetition (both ran in it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_per_rep: Option<Stat>,
+    /// The pipeline with `ScriptedTransport` (acks at once, keeps a copy of
+    /// every record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scripted_rows_per_s: Option<Stat>,
+    /// The rounds' statements back to back, without the pipeline: each
+    /// transaction marks the rows the last one claimed and claims the
+    /// next batch with a lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_rounds_rows_per_s: Option<Stat>,
+    /// Database rounds per run (Kafka side, DB-only side), first repetition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds: Option<[u64; 2]>,
     pub kafka_only_records_per_s: Stat,
     /// Time inside produce requests (summed over the partitions, which run
     /// side by side) over the publisher's time.
@@ -61,6 +91,68 @@ pub struct PublisherFigure {
     pub serial_model_events_per_s: f64,
     pub two_instances_events_per_s: Stat,
     pub loadavg_at_start: [f64; 3],
+}
+
+/// A broker that acknowledges every request at once and keeps nothing:
+/// what is left of a publisher run is the database and the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub struct InstantAck;
+
+impl Transport for InstantAck {
+    async fn partitions(&self, _topic: &str) -> Result<i32, SendError> {
+        Ok(3)
+    }
+
+    async fn produce(
+        &self,
+        _topic: &str,
+        _partition: i32,
+        records: Vec<OutgoingRecord>,
+    ) -> Result<(), SendError> {
+        drop(records);
+        Ok(())
+    }
+}
+
+/// `PgStore` counting its rounds.
+struct Counted {
+    store: PgStore,
+    rounds: Arc<AtomicU64>,
+}
+
+impl Store for Counted {
+    async fn round(
+        &self,
+        round: Round,
+    ) -> Result<Vec<booking_expiration::db::outbox::ClaimedRow>, booking_expiration::db::DbError>
+    {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        self.store.round(round).await
+    }
+}
+
+/// Who takes the outbox's rows in a timed run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taker {
+    /// The pipeline to the broker.
+    Kafka,
+    /// The pipeline with [`InstantAck`]: the DB-only limit.
+    DbOnly,
+    /// The pipeline with `ScriptedTransport`.
+    Scripted,
+    /// The rounds' statements without the pipeline.
+    RawRounds,
+}
+
+impl Taker {
+    fn label(self) -> &'static str {
+        match self {
+            Taker::Kafka => "Kafka",
+            Taker::DbOnly => "DB-only",
+            Taker::Scripted => "scripted",
+            Taker::RawRounds => "raw rounds",
+        }
+    }
 }
 
 /// Prepares the outbox (a worker cycle over `backlog`), warms the broker,
@@ -96,35 +188,54 @@ pub async fn measure(svc: &Services, backlog: &DueSet<'_>, quick: bool) -> Resul
     let load = loadavg();
     let (mut pub_rates, mut dbo_rates, mut ko_rates, mut produce_share, mut par_rates) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut scripted_rates, mut raw_rates) = (vec![], vec![]);
+    let mut rounds = [0u64; 2];
     let reps = reps(quick, 5);
     for rep in 0..reps {
-        let order = if rep % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
-        for kafka in order {
-            let (rows, secs, produce_secs) = publish_all(svc, kafka, due).await?;
-            let rate = rows as f64 / secs;
-            let share = if kafka {
+        // The four sides in turn, the first rotating.
+        let sides = [
+            Taker::Kafka,
+            Taker::DbOnly,
+            Taker::Scripted,
+            Taker::RawRounds,
+        ];
+        for k in 0..sides.len() {
+            let side = sides[(rep + k) % sides.len()];
+            let run = publish_all(svc, side, due).await?;
+            let rate = run.rows as f64 / run.secs;
+            let share = if side == Taker::Kafka {
                 format!(
-                    " ({:.0}% of it inside produce)",
-                    100.0 * produce_secs / secs
+                    " ({:.0}% of it inside produce, summed over partitions)",
+                    100.0 * run.produce_secs / run.secs
                 )
             } else {
                 String::new()
             };
             progress!(
-                "publisher: rep {}/{reps} {:<8} {rows} rows in {secs:.3} s = {} events/s{share}",
+                "publisher: rep {}/{reps} {:<10} {} rows in {:.3} s = {} events/s, {} rounds{share}",
                 rep + 1,
-                if kafka { "Kafka" } else { "DB-only" },
-                num(rate)
+                side.label(),
+                run.rows,
+                run.secs,
+                num(rate),
+                run.rounds
             );
-            if kafka {
-                pub_rates.push(rate);
-                produce_share.push(produce_secs / secs);
-            } else {
-                dbo_rates.push(rate)
+            match side {
+                Taker::Kafka => {
+                    pub_rates.push(rate);
+                    produce_share.push(run.produce_secs / run.secs);
+                    if rep == 0 {
+                        rounds[0] = run.rounds;
+                    }
+                }
+                Taker::DbOnly => {
+                    dbo_rates.push(rate);
+                    if rep == 0 {
+                        rounds[1] = run.rounds;
+                    }
+                }
+                Taker::Scripted => scripted_rates.push(rate),
+                Taker::RawRounds => raw_rates.push(rate),
             }
         }
         let (rows, secs) = kafka_only(svc).await?;
@@ -145,11 +256,22 @@ pub async fn measure(svc: &Services, backlog: &DueSet<'_>, quick: bool) -> Resul
     let kafka_events_per_s = Stat::of(&pub_rates);
     let db_only_rows_per_s = Stat::of(&dbo_rates);
     let kafka_only_records_per_s = Stat::of(&ko_rates);
+    let ratio_per_rep = Stat::of(
+        &pub_rates
+            .iter()
+            .zip(&dbo_rates)
+            .map(|(k, d)| k / d)
+            .collect::<Vec<_>>(),
+    );
     Ok(PublisherFigure {
         rows: due,
         batch: PUBLISH_BATCH,
-        warm_up_batch_excluded: true,
+        warm_up_batch_excluded: false,
         ratio: kafka_events_per_s.median / db_only_rows_per_s.median,
+        ratio_per_rep: Some(ratio_per_rep),
+        scripted_rows_per_s: Some(Stat::of(&scripted_rates)),
+        raw_rounds_rows_per_s: Some(Stat::of(&raw_rates)),
+        rounds: Some(rounds),
         serial_model_events_per_s: 1.0
             / (1.0 / db_only_rows_per_s.median + 1.0 / kafka_only_records_per_s.median),
         kafka_events_per_s,
@@ -162,7 +284,7 @@ pub async fn measure(svc: &Services, backlog: &DueSet<'_>, quick: bool) -> Resul
 }
 
 /// A publisher-only instance's context on `pool`, on the wall clock.
-fn publisher_context(pool: PgPool) -> TaskContext {
+pub(crate) fn publisher_context(pool: PgPool) -> TaskContext {
     TaskContext {
         health: Arc::new(Health::new(crate::support::wall_now(), false, true)),
         ..TaskContext::new(pool, Arc::new(SystemClock))
@@ -185,19 +307,26 @@ fn publisher_settings() -> PublisherSettings {
     }
 }
 
-/// A publisher on `pool` through `transport`, in `context`.
-fn publisher<T: Transport>(context: &TaskContext, transport: T) -> Publisher<T, PgStore> {
-    let settings = publisher_settings();
-    let timing = Timing {
+/// The publisher's timing table as `run` has it at its defaults.
+fn timing() -> Timing {
+    Timing {
         request_timeout: Duration::from_secs(35),
         ..Timing::default()
-    };
-    Publisher::on_database(context, transport, timing, &settings, TOPIC.into())
+    }
+}
+
+/// A publisher on `pool` through `transport`, in `context`.
+pub(crate) fn publisher<T: Transport>(
+    context: &TaskContext,
+    transport: T,
+) -> Publisher<T, PgStore> {
+    let settings = publisher_settings();
+    Publisher::on_database(context, transport, timing(), &settings, TOPIC.into())
 }
 
 /// The project's Kafka transport, connected and with the topic's
 /// metadata read (untimed).
-async fn warm_transport(svc: &Services) -> Result<KafkaTransport> {
+pub(crate) async fn warm_transport(svc: &Services) -> Result<KafkaTransport> {
     let transport = KafkaTransport::new(kafka_settings(svc));
     transport.partitions(TOPIC).await?;
     Ok(transport)
@@ -213,35 +342,83 @@ fn histogram_sum(metrics: &Metrics, name: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Rows published, the time they took, and (Kafka side) the time spent
-/// in produce requests (the publisher's own
-/// `outbox_produce_duration_seconds`, summed over partitions).
-async fn publish_all(svc: &Services, kafka: bool, total: u64) -> Result<(u64, f64, f64)> {
+/// One timed run.
+struct TimedRun {
+    rows: u64,
+    secs: f64,
+    /// Kafka side: time spent in produce requests (the publisher's own
+    /// `outbox_produce_duration_seconds`, summed over partitions).
+    produce_secs: f64,
+    /// Database rounds (transactions).
+    rounds: u64,
+}
+
+/// A publisher through `transport` on a `PgStore` that counts its rounds,
+/// built as `Publisher::on_database` builds it.
+fn counted_publisher<T: Transport>(
+    context: &TaskContext,
+    transport: T,
+    rounds: &Arc<AtomicU64>,
+) -> Publisher<T, Counted> {
+    let settings = publisher_settings();
+    let store = Counted {
+        store: PgStore::new(
+            context.pool.clone(),
+            Arc::clone(&context.clock),
+            settings.retention.is_zero(),
+        ),
+        rounds: Arc::clone(rounds),
+    };
+    Publisher::builder(transport, store, TOPIC)
+        .timing(timing())
+        .settings(&settings)
+        .context(context)
+        .build()
+}
+
+/// Drains a fresh copy of the outbox with `side`.
+async fn publish_all(svc: &Services, side: Taker, total: u64) -> Result<TimedRun> {
     let db = svc.copy(TEMPLATE).await?;
     let url = svc.url_of(&db);
     let pool = pools(&url, 1).await?.remove(0);
     let produce_metric = "crm_booking_expiration_outbox_produce_duration_seconds";
     let context = publisher_context(pool.clone());
     let metrics = Arc::clone(&context.metrics);
+    let rounds = Arc::new(AtomicU64::new(0));
     // The pooled connection open, as in a running service.
     drop(pool.get().await?);
-    let (published, secs) = if kafka {
-        let publisher = publisher(&context, warm_transport(svc).await?);
-        let started = Instant::now();
-        let published = publisher.publish_until_idle().await;
-        (published, started.elapsed().as_secs_f64())
-    } else {
-        let publisher = publisher(&context, ScriptedTransport::new(TOPIC, 3));
-        let started = Instant::now();
-        let published = publisher.publish_until_idle().await;
-        (published, started.elapsed().as_secs_f64())
+    let (published, secs) = match side {
+        Taker::Kafka => {
+            let publisher = counted_publisher(&context, warm_transport(svc).await?, &rounds);
+            let started = Instant::now();
+            let published = publisher.publish_until_idle().await.published;
+            (published, started.elapsed().as_secs_f64())
+        }
+        Taker::DbOnly => {
+            let publisher = counted_publisher(&context, InstantAck, &rounds);
+            let started = Instant::now();
+            let published = publisher.publish_until_idle().await.published;
+            (published, started.elapsed().as_secs_f64())
+        }
+        Taker::Scripted => {
+            let publisher = counted_publisher(&context, ScriptedTransport::new(TOPIC, 3), &rounds);
+            let started = Instant::now();
+            let published = publisher.publish_until_idle().await.published;
+            (published, started.elapsed().as_secs_f64())
+        }
+        Taker::RawRounds => {
+            let started = Instant::now();
+            let (published, n) = raw_rounds(&pool).await?;
+            AtomicU64::store(&rounds, n, Ordering::Relaxed);
+            (published, started.elapsed().as_secs_f64())
+        }
     };
     ensure!(
-        published.published == total,
-        "published {} of {total}",
-        published.published
+        published == total,
+        "{}: published {published} of {total}",
+        side.label()
     );
-    let produce_secs = if kafka {
+    let produce_secs = if side == Taker::Kafka {
         histogram_sum(&metrics, produce_metric)
     } else {
         0.0
@@ -254,9 +431,50 @@ async fn publish_all(svc: &Services, kafka: bool, total: u64) -> Result<(u64, f6
     .await?;
     ensure!(left == 0, "{left} outbox rows left unpublished");
     drop(conn);
+    drop(context);
     drop(pool);
     svc.drop_db(&db).await?;
-    Ok((published.published, secs, produce_secs))
+    Ok(TimedRun {
+        rows: published,
+        secs,
+        produce_secs,
+        rounds: AtomicU64::load(&rounds, Ordering::Relaxed),
+    })
+}
+
+/// The pipeline's database rounds without the pipeline: one transaction
+/// each that marks the rows the previous one claimed and claims the next
+/// batch with a lease (`db::outbox::mark_published` and `claim`, as
+/// `PgStore` runs them), until a claim comes back empty. Rows published
+/// and rounds.
+async fn raw_rounds(pool: &PgPool) -> Result<(u64, u64)> {
+    use booking_expiration::db::outbox::{self, Claim};
+    let mut conn = pool.get().await?;
+    let lease = timing().lease;
+    let (mut claimed, mut published, mut rounds) = (Vec::<i64>::new(), 0u64, 0u64);
+    loop {
+        let marks = std::mem::take(&mut claimed);
+        let claim = Claim {
+            limit: PUBLISH_BATCH,
+            lease,
+            ..Claim::default()
+        };
+        let now = crate::support::wall_now();
+        let rows = conn
+            .transaction(async |c| {
+                if !marks.is_empty() {
+                    outbox::mark_published(c, &marks, now).await?;
+                }
+                outbox::claim(c, &claim).await
+            })
+            .await?;
+        rounds += 1;
+        published += marks.len() as u64;
+        if rows.is_empty() {
+            return Ok((published, rounds));
+        }
+        claimed = rows.iter().map(|r| r.id).collect();
+    }
 }
 
 /// `n` publisher instances (own pool, own Kafka connections each) draining
