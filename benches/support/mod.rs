@@ -320,20 +320,18 @@ impl Services {
     /// every PostgreSQL process ([`tree_cpu_ms`]).
     pub fn postmaster_pid(&self) -> Result<u32> {
         let text = fs::read_to_string(self.work.join("pg/data/postmaster.pid"))?;
-        Ok(text
-            .lines()
+        text.lines()
             .next()
             .and_then(|l| l.trim().parse().ok())
-            .ok_or_else(|| anyhow::anyhow!("no pid in postmaster.pid"))?)
+            .ok_or_else(|| anyhow::anyhow!("no pid in postmaster.pid"))
     }
 
     /// The Kafka broker's pid (`kafka.pid` of `scripts/kafka.sh`).
     pub fn kafka_pid(&self) -> Result<u32> {
         let text = fs::read_to_string(self.work.join("kafka/kafka.pid"))?;
-        Ok(text
-            .trim()
+        text.trim()
             .parse()
-            .map_err(|_| anyhow::anyhow!("no pid in kafka.pid"))?)
+            .map_err(|_| anyhow::anyhow!("no pid in kafka.pid"))
     }
 
     pub fn url_of(&self, db: &str) -> String {

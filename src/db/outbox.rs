@@ -139,7 +139,7 @@ pub(crate) use bind_message_columns;
 /// The key's partition hash: the Java client's `murmur2(key) & 0x7fffffff`,
 /// so `key_hash % partitions` is the record's partition. Stored with the
 /// row, so a claim can leave out the rows of partitions that cannot take
-/// more (see [`Claim::skip`]).
+/// more (see [`Claim::partitions`]).
 pub fn key_hash(key: &str) -> i32 {
     booking_expired_proto::murmur2(key.as_bytes()) & 0x7fff_ffff
 }
@@ -159,6 +159,8 @@ pub struct ClaimedRow {
     /// worker wrote: it is parked, not sent without its `ce_*` headers).
     pub headers: Result<Headers, String>,
     pub created_at: DateTime<Utc>,
+    /// The stored [`key_hash`]; `None` on rows written before it was.
+    pub key_hash: Option<i32>,
 }
 
 impl ClaimedRow {
@@ -188,6 +190,8 @@ struct StoredRow {
     headers: String,
     #[diesel(sql_type = Timestamptz)]
     created_at: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    key_hash: Option<i32>,
 }
 
 impl From<StoredRow> for ClaimedRow {
@@ -200,6 +204,7 @@ impl From<StoredRow> for ClaimedRow {
             payload: row.payload,
             headers: Headers::from_json(row.headers.as_bytes()),
             created_at: row.created_at,
+            key_hash: row.key_hash,
         }
     }
 }
@@ -212,67 +217,135 @@ const CLAIMABLE: &str = "published_at IS NULL AND parked_at IS NULL";
 /// What one claim takes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claim {
-    /// At most this many rows.
+    /// At most this many rows of the topics `partitions` does not cover
+    /// (topics whose partition count is not known yet) and of rows written
+    /// without a `key_hash`.
     pub limit: u32,
     /// How long the lease lasts.
     pub lease: std::time::Duration,
     /// Topics none of whose rows are taken (a topic that cannot take
     /// records now: missing, refused, or with enough of its rows held).
     pub skip_topics: Vec<String>,
-    /// Partitions whose rows are not taken: `(topic, partition count,
-    /// partition)`, the rows with `key_hash % count = partition`.
-    pub skip: Vec<(String, i32, i32)>,
+    /// Topics whose partition count is known: their rows are taken only
+    /// through `partitions`, each partition for itself.
+    pub routed_topics: Vec<String>,
+    /// Per partition of a routed topic: at most `room` of its rows (those
+    /// with `key_hash % count = partition`), oldest first. A partition not
+    /// listed takes nothing. Each partition's rows are claimed apart from
+    /// the others, so a partition with a backlog never fills a claim that
+    /// the other partitions' new rows needed.
+    pub partitions: Vec<PartitionRoom>,
 }
 
-/// The claim statement; public for the EXPLAIN test. `$1` limit, `$2` the
-/// lease in milliseconds, `$3` topics to skip, `$4`–`$6` partitions to skip
-/// (topic, count, partition).
-pub fn claim_sql() -> &'static str {
+/// One partition's part of a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRoom {
+    pub topic: String,
+    /// The topic's partition count.
+    pub count: i32,
+    pub partition: i32,
+    pub room: u32,
+}
+
+impl PartitionRoom {
+    /// Whether the row of `topic` with `key_hash` is this partition's.
+    pub fn holds(&self, topic: &str, key_hash: i32) -> bool {
+        self.topic == topic && key_hash % self.count == self.partition
+    }
+}
+
+/// Rows no lease holds.
+const LEASE_FREE: &str = "(c.claimed_until IS NULL OR c.claimed_until < statement_timestamp())";
+
+/// The claim statement. `$1` the limit of the rows the partitions do not
+/// cover, `$2` the lease in milliseconds, `$3` topics to skip, `$4` the
+/// routed topics, `$5`–`$8` the partitions (topic, count, partition, room).
+/// Each listed partition is one index scan of its own (a LATERAL join over
+/// the list), stopped at its room.
+fn claim_sql() -> &'static str {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "UPDATE booking_expiration_outbox o \
                 SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond' \
               WHERE o.id IN ( \
-                    SELECT c.id FROM booking_expiration_outbox c \
-                     WHERE {CLAIMABLE} \
-                       AND (c.claimed_until IS NULL OR c.claimed_until < statement_timestamp()) \
-                       AND c.topic <> ALL($3::text[]) \
-                       AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::int[], $6::int[]) \
-                                              AS s(topic, n, p) \
-                                        WHERE s.topic = c.topic AND c.key_hash % s.n = s.p) \
-                     ORDER BY c.id LIMIT $1 \
-                       FOR UPDATE SKIP LOCKED) \
+                    SELECT x.id \
+                      FROM unnest($5::text[], $6::int[], $7::int[], $8::int[]) AS s(topic, n, p, room) \
+                     CROSS JOIN LATERAL ( \
+                           SELECT c.id FROM booking_expiration_outbox c \
+                            WHERE {CLAIMABLE} AND {LEASE_FREE} \
+                              AND c.topic = s.topic AND c.key_hash % s.n = s.p \
+                            ORDER BY c.id LIMIT s.room \
+                              FOR UPDATE SKIP LOCKED) x \
+                    UNION ALL \
+                    SELECT g.id FROM ( \
+                           SELECT c.id FROM booking_expiration_outbox c \
+                            WHERE {CLAIMABLE} AND {LEASE_FREE} \
+                              AND c.topic <> ALL($3::text[]) \
+                              AND (c.key_hash IS NULL OR c.topic <> ALL($4::text[])) \
+                            ORDER BY c.id LIMIT $1 \
+                              FOR UPDATE SKIP LOCKED) g) \
              RETURNING o.id, o.event_id, o.topic, o.message_key, o.payload, \
-                       o.headers::text AS headers, o.created_at"
+                       o.headers::text AS headers, o.created_at, o.key_hash"
         )
     });
     &SQL
 }
 
-/// Leases up to `claim.limit` unpublished, unparked rows that no lease
-/// holds, oldest first, skipping rows another claim is taking and the
-/// topics and partitions `claim` names. Returns them oldest first.
+/// The claim statement with `claim`'s parameters, after `prefix` (empty,
+/// or an `EXPLAIN …`).
+fn claim_query(
+    prefix: &str,
+    claim: &Claim,
+) -> diesel::query_builder::BoxedSqlQuery<'static, diesel::pg::Pg, diesel::query_builder::SqlQuery>
+{
+    let parts = &claim.partitions;
+    diesel::sql_query(format!("{prefix}{}", claim_sql()))
+        .into_boxed()
+        .bind::<BigInt, _>(i64::from(claim.limit))
+        .bind::<BigInt, _>(millis(claim.lease))
+        .bind::<Array<Text>, _>(claim.skip_topics.clone())
+        .bind::<Array<Text>, _>(claim.routed_topics.clone())
+        .bind::<Array<Text>, _>(parts.iter().map(|p| p.topic.clone()).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(parts.iter().map(|p| p.count).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(parts.iter().map(|p| p.partition).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(
+            parts
+                .iter()
+                .map(|p| i32::try_from(p.room).unwrap_or(i32::MAX))
+                .collect::<Vec<_>>(),
+        )
+}
+
+/// Leases the rows `claim` allows: unpublished, unparked rows that no lease
+/// holds, oldest first within each partition, skipping rows another claim
+/// is taking. Returns them oldest first.
 pub async fn claim(
     conn: &mut AsyncPgConnection,
     claim: &Claim,
 ) -> Result<Vec<ClaimedRow>, DbError> {
-    let (topics, counts, partitions): (Vec<&str>, Vec<i32>, Vec<i32>) = claim
-        .skip
-        .iter()
-        .map(|(topic, count, partition)| (topic.as_str(), *count, *partition))
-        .collect();
-    let mut rows: Vec<StoredRow> = diesel::sql_query(claim_sql())
-        .bind::<BigInt, _>(i64::from(claim.limit))
-        .bind::<BigInt, _>(millis(claim.lease))
-        .bind::<Array<Text>, _>(&claim.skip_topics)
-        .bind::<Array<Text>, _>(&topics)
-        .bind::<Array<Integer>, _>(&counts)
-        .bind::<Array<Integer>, _>(&partitions)
-        .load(conn)
-        .await?;
+    let mut rows: Vec<StoredRow> = claim_query("", claim).load(conn).await?;
     // RETURNING keeps no order.
     rows.sort_unstable_by_key(|row| row.id);
     Ok(rows.into_iter().map(ClaimedRow::from).collect())
+}
+
+/// The plan of `claim`'s statement, one line per row: `EXPLAIN` with
+/// `options` (`""`, or `"(ANALYZE, BUFFERS)"`: that one runs the claim,
+/// so roll it back).
+pub async fn explain_claim(
+    conn: &mut AsyncPgConnection,
+    claim: &Claim,
+    options: &str,
+) -> Result<Vec<String>, DbError> {
+    #[derive(QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+        line: String,
+    }
+    let plan: Vec<Plan> = claim_query(&format!("EXPLAIN {options} "), claim)
+        .load(conn)
+        .await?;
+    Ok(plan.into_iter().map(|p| p.line).collect())
 }
 
 fn millis(duration: std::time::Duration) -> i64 {

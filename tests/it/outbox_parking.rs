@@ -173,19 +173,15 @@ async fn a_row_that_cannot_become_a_record_is_parked_not_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_claim_skips_parked_rows_through_its_partial_index() {
-    use diesel::{
-        QueryableByName,
-        sql_types::{Array, BigInt, Integer, Text},
-    };
-    use diesel_async::RunQueryDsl;
     let db = TestDb::new().await;
     // 20,000 published rows, 2,000 parked, 50 waiting: the claim must read
-    // the 50 through the partial index, not walk past the others.
+    // the 50 through the partial index, not walk past the others; each
+    // partition's part of it too.
     db.exec_sql(
         "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, \
+           (event_id, topic, message_key, key_hash, payload, headers, correlation_id, tenant_id, \
             created_at, published_at, parked_at, park_reason) \
-         SELECT gen_random_uuid(), 't', g::text, '\\x00', '{}', gen_random_uuid(), \
+         SELECT gen_random_uuid(), 't', g::text, g, '\\x00', '{}', gen_random_uuid(), \
                 gen_random_uuid(), now(), \
                 CASE WHEN g <= 20000 THEN now() END, \
                 CASE WHEN g > 20000 AND g <= 22000 THEN now() END, \
@@ -194,24 +190,21 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
     )
     .await;
     db.exec_sql("ANALYZE booking_expiration_outbox").await;
-    #[derive(QueryableByName)]
-    struct Plan {
-        #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
-        line: String,
-    }
     let mut conn = db.conn().await;
-    let none: Vec<String> = Vec::new();
-    let plan: Vec<Plan> = diesel::sql_query(format!("EXPLAIN {}", outbox::claim_sql()))
-        .bind::<BigInt, _>(100_i64)
-        .bind::<BigInt, _>(15_000_i64)
-        .bind::<Array<Text>, _>(&none)
-        .bind::<Array<Text>, _>(&none)
-        .bind::<Array<Integer>, _>(Vec::<i32>::new())
-        .bind::<Array<Integer>, _>(Vec::<i32>::new())
-        .load(&mut conn)
-        .await
-        .unwrap();
-    let text: Vec<String> = plan.into_iter().map(|p| p.line).collect();
+    let room = |partition| outbox::PartitionRoom {
+        topic: "t".to_owned(),
+        count: 2,
+        partition,
+        room: 100,
+    };
+    let claim = Claim {
+        limit: 100,
+        lease: Duration::from_secs(15),
+        routed_topics: vec!["t".to_owned()],
+        partitions: vec![room(0), room(1)],
+        ..Claim::default()
+    };
+    let text = outbox::explain_claim(&mut conn, &claim, "").await.unwrap();
     assert!(
         text.iter()
             .any(|l| l.contains("ix_booking_expiration_outbox_unpublished")),
@@ -225,11 +218,6 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         "{}",
         text.join("\n")
     );
-    let claim = Claim {
-        limit: 100,
-        lease: Duration::from_secs(15),
-        ..Claim::default()
-    };
     let claimed = outbox::claim(&mut conn, &claim).await.unwrap();
     assert_eq!(
         claimed.len(),
@@ -239,6 +227,27 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
     assert!(
         outbox::claim(&mut conn, &claim).await.unwrap().is_empty(),
         "leased rows are not claimed again"
+    );
+
+    // Fair by partition: 1,000 older rows of partition 0, then 10 of
+    // partition 1; a claim of 100 a partition takes 100 and the 10.
+    db.exec_sql(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, key_hash, payload, headers, correlation_id, tenant_id, created_at) \
+         SELECT gen_random_uuid(), 't', g::text, CASE WHEN g <= 1000 THEN 2 * g ELSE 2 * g + 1 END, \
+                '\\x00', '{}', gen_random_uuid(), gen_random_uuid(), now() \
+         FROM generate_series(1, 1010) AS g",
+    )
+    .await;
+    let claimed = outbox::claim(&mut conn, &claim).await.unwrap();
+    let odd = claimed
+        .iter()
+        .filter(|r| r.key_hash.is_some_and(|h| h % 2 == 1))
+        .count();
+    assert_eq!(
+        (claimed.len() - odd, odd),
+        (100, 10),
+        "each partition takes its own room, oldest first"
     );
     let stats = outbox::stats(&mut conn).await.unwrap();
     assert_eq!((stats.unpublished, stats.parked), (50, 2000));

@@ -565,6 +565,10 @@ pub fn knee(config: &SustainedConfig) -> Option<&Step> {
         s.commit_p99_s > (2.0 * floor).max(floor + 0.25)
             || s.left_active > 0
             || s.left_unpublished > 0
-            || !(s.published_after_last_deadline_s <= 2.0)
+            // NaN (never published) counts as a miss.
+            || !matches!(
+                s.published_after_last_deadline_s.partial_cmp(&2.0),
+                Some(std::cmp::Ordering::Less | std::cmp::Ordering::Equal)
+            )
     })
 }

@@ -1,5 +1,6 @@
 //! [`MemoryStore`]: an outbox in memory, with the claim's rules (oldest
-//! first, leases, skipped topics and partitions).
+//! first within each partition, each partition up to its room, leases,
+//! skipped topics).
 
 use std::{
     collections::BTreeMap,
@@ -39,6 +40,8 @@ struct State {
     open: std::collections::BTreeSet<i64>,
     next_id: i64,
     fail_rounds: usize,
+    /// How long a round takes (a database's round trip and statements).
+    round_time: std::time::Duration,
     rounds: usize,
     /// The largest number of rows claimed and not yet published, parked
     /// or released at once.
@@ -91,6 +94,12 @@ impl MemoryStore {
         self.state().fail_rounds = n;
     }
 
+    /// Each round from now on takes `time` before it applies (a busy
+    /// database).
+    pub fn set_round_time(&self, time: std::time::Duration) {
+        self.state().round_time = time;
+    }
+
     pub fn published(&self) -> usize {
         self.state().rows.values().filter(|r| r.published).count()
     }
@@ -133,6 +142,10 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn round(&self, round: Round) -> Result<Vec<ClaimedRow>, DbError> {
+        let time = self.state().round_time;
+        if !time.is_zero() {
+            tokio::time::sleep(time).await;
+        }
         let mut state = self.state();
         state.rounds += 1;
         if state.fail_rounds > 0 {
@@ -167,24 +180,36 @@ impl Store for MemoryStore {
         }
         let mut claimed = Vec::new();
         if let Some(claim) = &round.claim {
+            let mut taken = vec![0u32; claim.partitions.len()];
+            let mut unrouted = 0u32;
             for id in &state.open {
-                if claimed.len() >= claim.limit as usize {
-                    break;
-                }
                 let Some(row) = state.rows.get_mut(id) else {
                     continue;
                 };
-                let skipped = claim.skip_topics.contains(&row.topic)
-                    || claim.skip.iter().any(|(topic, count, partition)| {
-                        *topic == row.topic && row.key_hash % count == *partition
-                    });
                 if row.published
                     || row.parked.is_some()
                     || row.leased_until.is_some_and(|u| u > now)
-                    || skipped
+                    || claim.skip_topics.contains(&row.topic)
                 {
                     continue;
                 }
+                let (count, room) = if claim.routed_topics.contains(&row.topic) {
+                    let Some(i) = claim
+                        .partitions
+                        .iter()
+                        .position(|p| p.holds(&row.topic, row.key_hash))
+                    else {
+                        // A partition without room.
+                        continue;
+                    };
+                    (&mut taken[i], claim.partitions[i].room)
+                } else {
+                    (&mut unrouted, claim.limit)
+                };
+                if *count >= room {
+                    continue;
+                }
+                *count += 1;
                 row.leased_until = Some(now + claim.lease);
                 claimed.push(ClaimedRow {
                     id: *id,
@@ -194,6 +219,7 @@ impl Store for MemoryStore {
                     payload: Vec::new(),
                     headers: Ok(row.headers.clone()),
                     created_at: row.created_at,
+                    key_hash: Some(row.key_hash),
                 });
             }
         }

@@ -63,7 +63,7 @@ type RoundDone = (Round, Result<Vec<ClaimedRow>, DbError>, Instant);
 /// What the pipeline waits for next.
 enum Event {
     Answer(Answer),
-    Round(Round, Result<Vec<ClaimedRow>, DbError>, Instant),
+    Round(Box<Round>, Result<Vec<ClaimedRow>, DbError>, Instant),
     Metadata(String, Result<i32, SendError>),
     Stop,
     Wake,
@@ -185,7 +185,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             let event = tokio::select! {
                 biased;
                 Some(answer) = self.answers.join_next(), if !self.answers.is_empty() => Event::Answer(joined(answer)),
-                (round, result, started) = pending_or(&mut self.round) => Event::Round(round, result, started),
+                (round, result, started) = pending_or(&mut self.round) => Event::Round(Box::new(round), result, started),
                 (topic, result) = pending_or(&mut self.metadata) => Event::Metadata(topic, result),
                 () = shutdown.cancelled(), if self.stopping.is_none() => Event::Stop,
                 () = wake.notified(), if self.stopping.is_none() => Event::Wake,
@@ -195,7 +195,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             match event {
                 Event::Answer(answer) => self.answered(answer, now),
                 Event::Round(round, result, started) => {
-                    self.round_done(round, result, started, now)
+                    self.round_done(*round, result, started, now)
                 }
                 Event::Metadata(topic, result) => self.metadata_done(&topic, result, now),
                 Event::Stop => self.stopping = Some(now + self.parts.timing.stop_wait),

@@ -98,9 +98,9 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
         // take more.
         if self
             .skipped
-            .skip
+            .full
             .iter()
-            .any(|(t, _, p)| *t == topic && *p == partition)
+            .any(|(t, p)| *t == topic && *p == partition)
         {
             self.more = true;
         }

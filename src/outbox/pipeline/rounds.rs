@@ -34,11 +34,12 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
         let mut renew = std::mem::take(&mut self.renew_again);
         renew.extend(self.queues.renew_due(now));
         let room = self.queues.room();
-        let claim = (self.stopping.is_none() && self.more && room.limit > 0).then(|| Claim {
+        let claim = (self.stopping.is_none() && self.more && !room.is_empty()).then(|| Claim {
             limit: room.limit as u32,
             lease: timing.lease,
             skip_topics: room.skip_topics.clone(),
-            skip: room.skip.clone(),
+            routed_topics: room.routed_topics.clone(),
+            partitions: room.partitions.clone(),
         });
         let round = Round {
             published: std::mem::take(&mut self.published),
@@ -77,8 +78,10 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 if self.reports.recovered("database") {
                     tracing::info!("outbox database rounds succeed again");
                 }
-                if let Some(claim) = &round.claim
-                    && rows.len() >= claim.limit as usize
+                if round
+                    .claim
+                    .as_ref()
+                    .is_some_and(|claim| filled(claim, &rows))
                 {
                     self.more = true;
                 }
@@ -136,4 +139,29 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
         };
         self.queues.add(&row.topic, held);
     }
+}
+
+/// Whether a claim took all it asked for somewhere (more rows may wait):
+/// a partition its whole room, or the unrouted rows their limit.
+fn filled(claim: &Claim, rows: &[ClaimedRow]) -> bool {
+    let mut taken = vec![0u32; claim.partitions.len()];
+    let mut unrouted = 0u32;
+    for row in rows {
+        let partition = row.key_hash.and_then(|hash| {
+            claim
+                .partitions
+                .iter()
+                .position(|p| p.holds(&row.topic, hash))
+        });
+        match partition {
+            Some(i) => taken[i] += 1,
+            None => unrouted += 1,
+        }
+    }
+    unrouted >= claim.limit
+        || claim
+            .partitions
+            .iter()
+            .zip(taken)
+            .any(|(p, taken)| taken >= p.room)
 }

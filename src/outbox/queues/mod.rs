@@ -3,12 +3,18 @@
 //! claim may take, and the leases of the rows held. Pure: time comes in as
 //! an argument, and the pipeline does the I/O.
 //!
-//! Memory is bounded: at most `max_held` rows in all. A partition is left
-//! out of claims once it holds its share, `max_held / (4 × the
-//! partitions)` (at least one row), and one claim takes at most a share,
-//! so no partition ever holds two shares. However many partitions stop
-//! taking records, their rows fill less than half of `max_held`; the other
-//! half is always there for the partitions that publish.
+//! Memory is bounded: at most `max_held` rows in all. Each partition holds
+//! at most its share, `max_held / (4 × the partitions)` (at least one
+//! row): a claim asks each partition for the room it has left below its
+//! share, and the rows of a topic whose partitions are not known yet for
+//! at most a share. However many partitions stop taking records, their
+//! rows fill at most a quarter of `max_held`.
+//!
+//! Fair by construction: a claim asks each partition for its own rows
+//! (oldest first within the partition), so a partition draining a backlog
+//! takes only its own room, and the other partitions' new rows are claimed
+//! in the same round, as the Java producer appends to each partition's
+//! queue on its own.
 
 mod leases;
 mod topics;
@@ -16,6 +22,8 @@ mod topics;
 use std::collections::{BTreeMap, VecDeque};
 
 use tokio::time::Instant;
+
+use crate::db::outbox::PartitionRoom;
 
 use super::{
     Backoff,
@@ -35,10 +43,23 @@ pub(crate) struct Send {
 /// What the next claim may take.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Room {
+    /// Rows of topics whose partitions are not known.
     pub limit: usize,
     pub skip_topics: Vec<String>,
-    /// `(topic, partition count, partition)`.
-    pub skip: Vec<(String, i32, i32)>,
+    /// Topics whose partitions are known.
+    pub routed_topics: Vec<String>,
+    /// The partitions with room, and how much.
+    pub partitions: Vec<PartitionRoom>,
+    /// The partitions without room: `(topic, partition)`. Once one of them
+    /// sends, the next claim may take its rows.
+    pub full: Vec<(String, i32)>,
+}
+
+impl Room {
+    /// Whether the claim asks for nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.limit == 0 && self.partitions.is_empty()
+    }
 }
 
 /// The partitions that cannot be written now.
@@ -222,8 +243,10 @@ impl Queues {
             .min()
     }
 
-    /// What the next claim may take: the room left (at most a share), less
-    /// the topics and partitions that hold their share.
+    /// What the next claim may take: each known partition the room it has
+    /// below its share, and up to a share of rows of the topics whose
+    /// partitions are not known (the room left permitting), less the topics
+    /// that hold a share.
     pub(crate) fn room(&self) -> Room {
         let known: usize = self
             .topics
@@ -231,13 +254,12 @@ impl Queues {
             .map(|t| t.partitions.len().max(1))
             .sum();
         let share = (self.max_held / (4 * known.max(1))).max(1);
-        let limit = self
-            .max_held
-            .saturating_sub(self.held)
-            .min(self.request_max)
-            .min(share);
         let mut room = Room {
-            limit,
+            limit: self
+                .max_held
+                .saturating_sub(self.held)
+                .min(self.request_max)
+                .min(share),
             ..Room::default()
         };
         for (name, t) in &self.topics {
@@ -247,10 +269,17 @@ impl Queues {
                 }
                 continue;
             }
+            room.routed_topics.push(name.clone());
             let count = t.partitions.len() as i32;
             for (partition, queue) in t.partitions.iter().enumerate() {
-                if queue.len() >= share {
-                    room.skip.push((name.clone(), count, partition as i32));
+                match share.saturating_sub(queue.len()) {
+                    0 => room.full.push((name.clone(), partition as i32)),
+                    free => room.partitions.push(PartitionRoom {
+                        topic: name.clone(),
+                        count,
+                        partition: partition as i32,
+                        room: u32::try_from(free).unwrap_or(u32::MAX),
+                    }),
                 }
             }
         }
