@@ -238,15 +238,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         .collect();
         db::privileges::check_pooled(pool, &uses).await?;
     }
-    if roles.worker && !shutdown.is_cancelled() {
-        let worker = Arc::new(ExpiryWorker::new(
-            &context,
-            expiry_settings,
-            events.clone(),
-            shutdown_settings,
-        ));
-        tasks.spawn(scheduler::run(worker, context.clone(), shutdown.clone()));
-    }
+    // The publisher is built before the expiry starts, so the expiry can
+    // write its outbox rows leased to it (`db::outbox::Handoff`).
+    let mut handoff = None;
     if !shutdown.is_cancelled() {
         // The outbox lag gauges on every instance, publisher or not: an
         // instance that only expires still shows how far publishing lags.
@@ -287,6 +281,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             timing,
             events.topic.clone(),
         );
+        handoff = Some(publisher.handoff());
         // Two tasks, each with its own schedule: the publisher's pipeline
         // (its metadata reads are the broker's readiness check) and
         // retention.
@@ -297,6 +292,19 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         if !retention.is_zero() {
             tasks.spawn(RetentionSweep::new(&context, retention).run(shutdown.clone()));
         }
+    }
+    if roles.worker && !shutdown.is_cancelled() {
+        let worker =
+            ExpiryWorker::new(&context, expiry_settings, events.clone(), shutdown_settings);
+        let worker = match handoff {
+            Some(handoff) => worker.hand_off(handoff),
+            None => worker,
+        };
+        tasks.spawn(scheduler::run(
+            Arc::new(worker),
+            context.clone(),
+            shutdown.clone(),
+        ));
     }
 
     shutdown.cancelled().await;

@@ -17,6 +17,14 @@
 --
 -- Both columns are nullable without a default: adding them changes only the
 -- catalog (a brief lock, no rewrite of the table).
+--
+-- fillfactor 70: pages filled from now on keep 30% free, so the lease's new
+-- row version (claimed_until is in no index) can stay on its page, a HOT
+-- update. The bench's `outbox_cost` figure measured the publisher's WAL per
+-- event at 2,479 bytes at fillfactor 100 and 1,261 at 70 (1,258 before the
+-- leases), for about a third more pages. It applies to new pages only: no
+-- rewrite, no lock beyond the catalog's.
 ALTER TABLE booking_expiration_outbox
     ADD COLUMN key_hash integer NULL,
     ADD COLUMN claimed_until timestamptz NULL;
+ALTER TABLE booking_expiration_outbox SET (fillfactor = 70);

@@ -374,7 +374,9 @@ pub struct ExpiryWrite {
 /// Parameters in order: `$1`-`$7` the per-booking arrays, in the order of
 /// `t(…)`, `$8`-`$13` the messages' arrays ([`MessageColumns`]); then
 /// `$14` as_of, `$15` actor, `$16` run id, `$17` topic, `$18` written_at,
-/// `$19` ce_source.
+/// `$19` ce_source, `$20` the outbox rows' lease in milliseconds (NULL: none;
+/// see [`outbox::Handoff`]). Returns each expired booking's id with its
+/// outbox row's id.
 static PERSIST_SQL: LazyLock<String> = LazyLock::new(|| {
     let queue = outbox::insert_sql(OutboxValues {
         message: "i",
@@ -382,6 +384,7 @@ static PERSIST_SQL: LazyLock<String> = LazyLock::new(|| {
         correlation_id: "$16",
         created_at: "$18",
         replay_id: "NULL",
+        claimed_until: "statement_timestamp() + $20 * interval '1 millisecond'",
         from: "FROM input i JOIN updated u ON u.id = i.id",
     });
     format!(
@@ -406,8 +409,9 @@ WITH input AS (
       FROM input i JOIN updated u ON u.id = i.id
 ), queued AS (
     {queue}
+    RETURNING id, event_id
 )
-SELECT id FROM updated",
+SELECT i.id, q.id AS outbox_id FROM input i JOIN queued q ON q.event_id = i.event_id",
         messages = MessageColumns::params(8),
         names = MessageColumns::NAMES,
     )
@@ -417,12 +421,16 @@ SELECT id FROM updated",
 struct UpdatedId {
     #[diesel(sql_type = SqlUuid)]
     id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    outbox_id: i64,
 }
 
 /// Persists a batch of transitions (see [`PERSIST_SQL`]). Must run inside
 /// the transaction that locked the rows. `written_at` (the clock now, close
 /// to the commit) becomes the outbox rows' `created_at`, the start of the
-/// outbox lag.
+/// outbox lag; `lease`, when set, the lease the outbox rows are written
+/// with ([`outbox::Handoff`]). Returns the bookings expired, each with its
+/// outbox row's id.
 pub async fn persist_expiries(
     conn: &mut AsyncPgConnection,
     as_of: DateTime<Utc>,
@@ -430,7 +438,8 @@ pub async fn persist_expiries(
     run_id: RunId,
     events: &EventSettings,
     writes: &[ExpiryWrite],
-) -> Result<Vec<Uuid>, DbError> {
+    lease: Option<std::time::Duration>,
+) -> Result<Vec<(Uuid, i64)>, DbError> {
     if writes.is_empty() {
         return Ok(Vec::new());
     }
@@ -469,9 +478,15 @@ pub async fn persist_expiries(
         .bind::<Text, _>(&events.topic)
         .bind::<Timestamptz, _>(written_at)
         .bind::<Text, _>(&events.ce_source)
+        .bind::<Nullable<BigInt>, _>(
+            lease.map(|lease| i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
+        )
         .load(conn)
         .await?;
-    Ok(updated.into_iter().map(|row| row.id).collect())
+    Ok(updated
+        .into_iter()
+        .map(|row| (row.id, row.outbox_id))
+        .collect())
 }
 
 #[cfg(test)]

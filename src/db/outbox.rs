@@ -44,15 +44,16 @@ pub(crate) fn insert_sql(values: OutboxValues<'_>) -> String {
         correlation_id,
         created_at,
         replay_id,
+        claimed_until,
         from,
     } = values;
     format!(
         "INSERT INTO booking_expiration_outbox \
              (event_id, topic, message_key, key_hash, payload, headers, \
-              correlation_id, tenant_id, created_at, replay_id) \
+              correlation_id, tenant_id, created_at, replay_id, claimed_until) \
          SELECT {message}.event_id, {topic}, {message}.message_key, {message}.key_hash, \
                 {message}.payload, {message}.headers::json, {correlation_id}, \
-                {message}.tenant_id, {created_at}, {replay_id} \
+                {message}.tenant_id, {created_at}, {replay_id}, {claimed_until} \
          {from}"
     )
 }
@@ -66,6 +67,9 @@ pub(crate) struct OutboxValues<'a> {
     pub correlation_id: &'a str,
     pub created_at: &'a str,
     pub replay_id: &'a str,
+    /// The lease the row is born with (`NULL`: none, any publisher may
+    /// claim it), see [`Handoff`].
+    pub claimed_until: &'a str,
     /// `FROM …` (and `WHERE …`) that yields `message`.
     pub from: &'a str,
 }
@@ -170,6 +174,38 @@ impl ClaimedRow {
             return Some("the row has an empty topic".to_owned());
         }
         self.headers.as_ref().err().cloned()
+    }
+}
+
+/// Rows written leased to this process's publisher, handed to it once
+/// their transaction committed: the expiry of `run` writes each outbox row
+/// with a lease (`claimed_until`) already set, so no claim (a second row
+/// version) is needed to reserve it, and no other instance takes it. Rows
+/// the publisher has no room for are released (their lease cleared) for
+/// any instance's claim; rows that never reach it (the process killed
+/// between the commit and the handoff, the channel full) wait for their
+/// lease to end, then any instance claims them: at-least-once either way.
+#[derive(Debug, Clone)]
+pub struct Handoff {
+    pub sender: tokio::sync::mpsc::Sender<HandedRows>,
+    /// The lease the rows are written with.
+    pub lease: std::time::Duration,
+}
+
+/// One committed batch's outbox rows, leased to the publisher since
+/// `leased_at` (taken before the writing statement started, so the lease
+/// the database set ends later than the publisher counts).
+#[derive(Debug)]
+pub struct HandedRows {
+    pub rows: Vec<ClaimedRow>,
+    pub leased_at: tokio::time::Instant,
+}
+
+impl Handoff {
+    /// Hands `rows` to the publisher; false when it cannot take them now
+    /// (the channel is full or closed): they wait for their lease to end.
+    pub fn hand(&self, rows: Vec<ClaimedRow>, leased_at: tokio::time::Instant) -> bool {
+        rows.is_empty() || self.sender.try_send(HandedRows { rows, leased_at }).is_ok()
     }
 }
 
@@ -567,6 +603,7 @@ mod tests {
             correlation_id: "$2",
             created_at: "$3",
             replay_id: "NULL",
+            claimed_until: "NULL",
             from: "FROM x m",
         });
         let columns = sql
@@ -579,7 +616,7 @@ mod tests {
             .and_then(|(_, rest)| rest.split_once("FROM x"))
             .map(|(list, _)| list.split(',').count())
             .unwrap();
-        assert_eq!((columns, values), (10, 10), "{sql}");
+        assert_eq!((columns, values), (11, 11), "{sql}");
         assert_eq!(
             MessageColumns::params(4),
             "$4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[], $9::uuid[]"

@@ -331,6 +331,7 @@ static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
         correlation_id: "i.correlation_id",
         created_at: "$2",
         replay_id: "$3",
+        claimed_until: "NULL",
         from: &from,
     });
     format!("{insert} ON CONFLICT (event_id, replay_id) DO NOTHING RETURNING event_id")

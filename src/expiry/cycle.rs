@@ -3,7 +3,7 @@
 //! ([`Sweep`]).
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -27,9 +27,10 @@ use crate::{
     db::{
         DbError, PgPool,
         bookings::{self, ExpiryWrite, Position},
+        outbox::{self, ClaimedRow, Handoff},
     },
     domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
-    events,
+    events::{self, OutboxMessage},
     telemetry::{Metrics, trace},
 };
 
@@ -96,6 +97,10 @@ struct BatchResult {
     refused: Vec<(Uuid, ExpireError)>,
     conflicts: Vec<Uuid>,
     skipped_locked: u64,
+    /// The outbox rows written leased to this process's publisher, and
+    /// since when (see [`Handoff`]).
+    handed: Vec<ClaimedRow>,
+    leased_at: Option<tokio::time::Instant>,
 }
 
 /// Per-phase progress within a cycle.
@@ -116,6 +121,8 @@ pub struct ExpiryWorker {
     shutdown_grace: Duration,
     metrics: Arc<Metrics>,
     subscribers: Vec<Arc<dyn DomainEventSubscriber>>,
+    /// This process's publisher, when it runs one.
+    handoff: Option<Handoff>,
 }
 
 impl std::fmt::Debug for ExpiryWorker {
@@ -126,6 +133,7 @@ impl std::fmt::Debug for ExpiryWorker {
             .field("events", &self.events)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("subscribers", &self.subscribers.len())
+            .field("handoff", &self.handoff.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -146,7 +154,15 @@ impl ExpiryWorker {
             shutdown_grace: shutdown.grace,
             metrics: Arc::clone(&context.metrics),
             subscribers: Vec::new(),
+            handoff: None,
         }
+    }
+
+    /// Writes the outbox rows leased to this process's publisher and hands
+    /// them to it after each commit ([`Handoff`]).
+    pub fn hand_off(mut self, handoff: Handoff) -> Self {
+        self.handoff = Some(handoff);
+        self
     }
 
     /// Adds an in-process subscriber of committed `BookingExpired` events.
@@ -313,7 +329,7 @@ impl ExpiryWorker {
                     return Ok(self.finish(outcome, started, tenants.len()));
                 }
                 let after = sweep.after(phase);
-                let batch = self
+                let mut batch = self
                     .batch_with_grace(&mut conn, phase, as_of, run_id, after, shutdown)
                     .await?;
                 let full = batch.selected >= self.settings.batch_size as usize;
@@ -321,7 +337,7 @@ impl ExpiryWorker {
                 state.batches += 1;
                 outcome.batches += 1;
                 tenants.extend(batch.expired.iter().map(|e| e.tenant_id.as_uuid()));
-                self.after_commit(phase, &batch, &mut outcome);
+                self.after_commit(phase, &mut batch, &mut outcome);
                 if !full {
                     state.finished = true;
                 } else if state.batches >= self.settings.max_batches_per_cycle {
@@ -449,22 +465,34 @@ impl ExpiryWorker {
                     Err(error) => result.refused.push((row.id, error)),
                 }
             }
+            let lease = self.handoff.as_ref().map(|handoff| handoff.lease);
+            result.leased_at = lease.map(|_| tokio::time::Instant::now());
+            let written_at = self.clock.now();
             let updated = bookings::persist_expiries(
                 conn,
                 as_of,
-                self.clock.now(),
+                written_at,
                 run_id,
                 &self.events,
                 &writes,
+                lease,
             )
             .await?;
-            let updated: HashSet<Uuid> = updated.into_iter().collect();
+            let updated: HashMap<Uuid, i64> = updated.into_iter().collect();
             for write in writes {
                 let id = write.expiry.event.booking_id.as_uuid();
-                if updated.contains(&id) {
-                    result.expired.push(write.expiry.event);
-                } else {
-                    result.conflicts.push(id);
+                match updated.get(&id) {
+                    Some(&outbox_id) => {
+                        if lease.is_some() {
+                            result.handed.push(self.handed_row(
+                                outbox_id,
+                                written_at,
+                                write.message,
+                            ));
+                        }
+                        result.expired.push(write.expiry.event);
+                    }
+                    None => result.conflicts.push(id),
                 }
             }
             // A short batch means every due row after the sweep's position
@@ -482,8 +510,32 @@ impl ExpiryWorker {
         .await
     }
 
-    /// Logs, counts and dispatches a committed batch.
-    fn after_commit(&self, phase: Phase, batch: &BatchResult, outcome: &mut CycleOutcome) {
+    /// The outbox row `message` became, as the publisher sends it.
+    fn handed_row(&self, id: i64, written_at: DateTime<Utc>, message: OutboxMessage) -> ClaimedRow {
+        ClaimedRow {
+            id,
+            event_id: message.event_id,
+            topic: self.events.topic.clone(),
+            key_hash: Some(outbox::key_hash(&message.key)),
+            message_key: message.key,
+            payload: message.payload,
+            headers: Ok(message.headers),
+            created_at: written_at,
+        }
+    }
+
+    /// Logs, counts and dispatches a committed batch, and hands its outbox
+    /// rows to the publisher.
+    fn after_commit(&self, phase: Phase, batch: &mut BatchResult, outcome: &mut CycleOutcome) {
+        if let (Some(handoff), Some(leased_at)) = (&self.handoff, batch.leased_at) {
+            let rows = std::mem::take(&mut batch.handed);
+            let count = rows.len() as u64;
+            if !handoff.hand(rows, leased_at) {
+                // They wait for their lease to end, then any instance
+                // claims them.
+                self.metrics.outbox_handoff_missed.inc_by(count);
+            }
+        }
         for (booking_id, error) in &batch.refused {
             tracing::error!(%booking_id, %phase, %error, "item failed: booking refused by the domain, left for the next cycle");
         }

@@ -1,9 +1,9 @@
 //! The outbox publisher: what `run` starts, and how tests and benches build
 //! one on other parts. The work itself is the pipeline (`pipeline`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -17,6 +17,7 @@ use crate::{
     clock::{Clock, SystemClock},
     config::{KafkaSettings, PublisherSettings},
     context::TaskContext,
+    db::outbox::{HandedRows, Handoff},
     telemetry::{Health, Metrics},
 };
 
@@ -26,9 +27,17 @@ use crate::{
 /// and small in memory (16 × 500 rows of about 1 KB: 8 MB).
 const HELD_REQUESTS: usize = 16;
 
+/// Committed batches the expiry may have handed over and the pipeline not
+/// yet taken in. The pipeline takes a batch in as soon as it looks (it
+/// only routes the rows), so this is slack for a busy moment; a batch that
+/// finds it full waits for its lease to end instead.
+const HANDOFF_BATCHES: usize = 64;
+
 /// The outbox publisher (see the `pipeline` module).
 pub struct Publisher<T = KafkaTransport, S = PgStore> {
     parts: Parts<T, S>,
+    /// The receiving end of [`Publisher::handoff`], taken by the run.
+    intake: Mutex<Option<mpsc::Receiver<HandedRows>>>,
 }
 
 impl<T, S> std::fmt::Debug for Publisher<T, S> {
@@ -98,12 +107,28 @@ impl<T: Transport, S: Store> Publisher<T, S> {
         &self.parts.timing
     }
 
+    /// Where this process's expiry hands the rows it writes leased to this
+    /// publisher ([`Handoff`]); the next run takes them in. One handoff per
+    /// publisher: a second call replaces the first's intake.
+    pub fn handoff(&self) -> Handoff {
+        let (sender, receiver) = mpsc::channel(HANDOFF_BATCHES);
+        *self.intake.lock().unwrap_or_else(|p| p.into_inner()) = Some(receiver);
+        Handoff {
+            sender,
+            lease: self.parts.timing.lease,
+        }
+    }
+
+    fn take_intake(&self) -> Option<mpsc::Receiver<HandedRows>> {
+        self.intake.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
     /// Publishes until `shutdown`, waking on `wake` (commit notifications)
     /// as well as on its poll tick. At shutdown, requests on the way have
     /// `Timing::stop_wait` to be answered; then the rows still held are
     /// released for another instance and what was acknowledged is marked.
     pub async fn run(&self, wake: Arc<Notify>, shutdown: CancellationToken) -> Published {
-        let published = Run::new(&self.parts)
+        let published = Run::new(&self.parts, self.take_intake())
             .run(&wake, &shutdown, Until::Shutdown)
             .await;
         tracing::info!(
@@ -119,7 +144,7 @@ impl<T: Transport, S: Store> Publisher<T, S> {
     /// partition that cannot be written keep it going: bound it with a
     /// timeout.
     pub async fn publish_until_idle(&self) -> Published {
-        Run::new(&self.parts)
+        Run::new(&self.parts, self.take_intake())
             .run(&Notify::new(), &CancellationToken::new(), Until::Idle)
             .await
     }
@@ -210,6 +235,9 @@ impl<T: Transport, S: Store> Builder<T, S> {
     }
 
     pub fn build(self) -> Publisher<T, S> {
-        Publisher { parts: self.parts }
+        Publisher {
+            parts: self.parts,
+            intake: Mutex::new(None),
+        }
     }
 }

@@ -35,6 +35,8 @@ struct Rig {
     task: JoinHandle<Published>,
     partitions: i32,
     keys: Keys,
+    /// Where an expiry would hand over the rows it writes leased.
+    handoff: Option<crate::db::outbox::Handoff>,
 }
 
 /// Keys by partition, generated in order and handed out once each.
@@ -82,6 +84,7 @@ impl Rig {
             .seed(7)
             .build();
         let (wake, shutdown) = (Arc::new(Notify::new()), CancellationToken::new());
+        let handoff = Some(publisher.handoff());
         let task = tokio::spawn({
             let (wake, shutdown) = (Arc::clone(&wake), shutdown.clone());
             async move { publisher.run(wake, shutdown).await }
@@ -96,7 +99,23 @@ impl Rig {
             task,
             partitions,
             keys: Keys::default(),
+            handoff,
         }
+    }
+
+    /// Writes `per_partition` rows a partition leased to the publisher
+    /// and hands them over, as the expiry of `run` does after its commit.
+    fn hand(&mut self, per_partition: usize, partitions: impl Iterator<Item = i32> + Clone) {
+        let lease = Timing::default().lease;
+        let mut rows = Vec::new();
+        for _ in 0..per_partition {
+            for partition in partitions.clone() {
+                let key = self.keys.of(partition, self.partitions);
+                rows.push(self.store.insert_leased(TOPIC, &key, lease));
+            }
+        }
+        let handoff = self.handoff.as_ref().expect("the handoff is open");
+        assert!(handoff.hand(rows, Instant::now()), "the intake takes them");
     }
 
     /// Commits `per_partition` rows for each partition (and wakes the
@@ -120,7 +139,9 @@ impl Rig {
         }
     }
 
-    async fn stop(self) -> Published {
+    async fn stop(mut self) -> Published {
+        // The expiry stops first: its end of the handoff closes.
+        self.handoff = None;
         self.shutdown.cancel();
         self.task.await.expect("the pipeline does not panic")
     }
@@ -522,4 +543,74 @@ async fn leases_of_rows_held_long_are_renewed() {
         assert_eq!(rig.store.leased(), 5, "leases kept");
     }
     rig.stop().await;
+}
+
+/// Rows the expiry wrote leased to this publisher and handed over are sent
+/// without a claim (their lease keeps every claim off them) and marked.
+#[tokio::test(start_paused = true)]
+async fn rows_handed_over_are_sent_without_a_claim() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    rig.hand(100, 0..3);
+    until(
+        "the handed rows are published",
+        Duration::from_secs(1),
+        || rig.store.published() == 300,
+    )
+    .await;
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    assert_eq!(rig.metrics.outbox_handoff_released.get(), 0);
+    rig.stop().await;
+}
+
+/// A partition that cannot be written holds its share of handed rows and
+/// releases the rest for any instance's claim; once it is writable again,
+/// everything is published once.
+#[tokio::test(start_paused = true)]
+async fn rows_handed_over_without_room_are_released() {
+    let mut rig = Rig::start(3, 600, Timing::default());
+    rig.transport
+        .answer(TOPIC, 0, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    // Once the partition count is known (before it, the topic's unrouted
+    // rows have a share of their own), partition 0's share: 600 / (4 × 3)
+    // = 50 rows.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rig.hand(200, 0..1);
+    until(
+        "the rows without room are released",
+        Duration::from_secs(1),
+        || rig.store.leased() == 50,
+    )
+    .await;
+    assert_eq!(rig.metrics.outbox_handoff_released.get(), 150);
+    assert_eq!(rig.metrics.outbox_held.get(), 50);
+    rig.transport.answer(TOPIC, 0, Answer::Ack);
+    rig.wake.notify_one();
+    until("everything is published", Duration::from_secs(5), || {
+        rig.store.published() == 200
+    })
+    .await;
+    assert_eq!(most_copies(&rig.transport.written()), 1);
+    rig.stop().await;
+}
+
+/// Rows handed over while the publisher stops (the expiry's last batch)
+/// are released with the rest, not left for their lease to end.
+#[tokio::test(start_paused = true)]
+async fn rows_handed_over_while_stopping_are_released() {
+    let mut rig = Rig::start(3, 8000, Timing::default());
+    rig.transport
+        .answer(TOPIC, 0, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
+    rig.hand(10, 0..1);
+    until("partition 0 holds them", Duration::from_secs(1), || {
+        rig.metrics.outbox_held.get() == 10
+    })
+    .await;
+    rig.shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    rig.hand(5, 0..1);
+    rig.handoff = None;
+    let store = rig.store.clone();
+    rig.task.await.expect("the pipeline does not panic");
+    assert_eq!(store.leased(), 0, "every row held or handed is released");
+    assert_eq!(store.unpublished(), 15);
 }

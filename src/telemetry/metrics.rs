@@ -77,6 +77,12 @@ pub struct Metrics {
     pub outbox_held: Gauge,
     /// Partitions whose last produce failed while rows wait for them.
     pub outbox_partitions_failing: Gauge,
+    /// Outbox rows written leased to this process's publisher that did not
+    /// reach it (its intake full or closed): they wait for their lease.
+    pub outbox_handoff_missed: Counter,
+    /// Outbox rows handed to the publisher without room in their
+    /// partition's queue: their lease is cleared for any instance's claim.
+    pub outbox_handoff_released: Counter,
 }
 
 /// Lateness buckets: fine below a second (the deadline wake-up's goal), then
@@ -135,6 +141,8 @@ impl Metrics {
             kafka_metadata_refreshes: Family::default(),
             outbox_held: Gauge::default(),
             outbox_partitions_failing: Gauge::default(),
+            outbox_handoff_missed: Counter::default(),
+            outbox_handoff_released: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -246,6 +254,16 @@ impl Metrics {
             "crm_booking_expiration_outbox_held",
             "Claimed outbox rows in this instance's partition queues, not yet acknowledged by Kafka",
             metrics.outbox_held.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_handoff_missed",
+            "Outbox rows written leased to this process's publisher that did not reach it; they are claimed when their lease ends",
+            metrics.outbox_handoff_missed.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_outbox_handoff_released",
+            "Outbox rows handed to the publisher while their partition's queue was full; released for any instance's claim",
+            metrics.outbox_handoff_released.clone(),
         );
         registry.register(
             "crm_booking_expiration_outbox_partitions_failing",

@@ -681,9 +681,10 @@ async fn stale_version_is_not_written_and_gets_no_event() {
         ),
         expiry,
     };
-    let updated = bookings::persist_expiries(&mut conn, as_of, as_of, run_id, &events, &[write])
-        .await
-        .unwrap();
+    let updated =
+        bookings::persist_expiries(&mut conn, as_of, as_of, run_id, &events, &[write], None)
+            .await
+            .unwrap();
     assert!(updated.is_empty());
     let stored = db.booking(booking.id).await;
     assert_eq!(stored.status, "Confirmed");

@@ -1,10 +1,10 @@
 //! Faults of a real three-broker Kafka cluster (KRaft, `min.insync.replicas=2`,
 //! acks = all) while the `run` binary expires and publishes bookings
-//! falling due at about 1,200 a second. The scenarios run on a cluster
-//! with Kafka's `defaults` for its timing settings; with
-//! `KAFKA_CLUSTER_PROFILES=tuned,defaults` also, first, on a `tuned` one
+//! falling due at about 1,200 a second. The scenarios run on two clusters
+//! one after the other (issue #26): a `tuned` one
 //! (`broker.session.timeout.ms=6000`, `broker.heartbeat.interval.ms=1000`,
-//! `replica.lag.time.max.ms=5000`; issue #26), one after the other.
+//! `replica.lag.time.max.ms=5000`) and one with Kafka's `defaults` for
+//! those three.
 //!
 //! - Every cluster: a leader killed with `kill -9`; a rolling restart with
 //!   controlled shutdown (SIGTERM until the node exited, the node launched
@@ -108,7 +108,7 @@
 //! runs in one test so that no other test shares the cluster's faults and
 //! two clusters never run at once. `KAFKA_CLUSTER_SCENARIOS=kill,rolling,
 //! down,partitions,worker-kill,unwritable,slow` limits what runs,
-//! `KAFKA_CLUSTER_PROFILES` (default `defaults`) which clusters;
+//! `KAFKA_CLUSTER_PROFILES=tuned,defaults` which clusters;
 //! `KAFKA_CLUSTER_LOG_DIR=…` keeps the worker's, the brokers' and the
 //! watcher's logs there, `KAFKA_CLUSTER_RUST_LOG` sets the worker's
 //! `RUST_LOG`. The test is `#[ignore]`d in the parallel suite (its goals
@@ -1073,8 +1073,7 @@ async fn sleep_until_ms(t: i64) {
     }
 }
 
-/// The scenarios on the defaults cluster (and first on the tuned one, when
-/// `KAFKA_CLUSTER_PROFILES` names it).
+/// The scenarios on the tuned cluster, then on the defaults one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "sub-second goals: scripts/test.sh runs it alone after the suite"]
 async fn three_brokers_under_faults() {
@@ -1082,11 +1081,9 @@ async fn three_brokers_under_faults() {
     // KAFKA_CLUSTER_SCENARIOS=rolling,… / KAFKA_CLUSTER_PROFILES=defaults
     // run only those (to iterate on one).
     let pick = |var: &str| std::env::var(var).ok();
-    // Kafka's defaults unless told: the cluster operators run. The tuned
-    // one, by hand, for the #26 comparison.
     let (scenarios, profiles) = (
         pick("KAFKA_CLUSTER_SCENARIOS"),
-        Some(pick("KAFKA_CLUSTER_PROFILES").unwrap_or_else(|| "defaults".into())),
+        pick("KAFKA_CLUSTER_PROFILES"),
     );
     // Scenarios whose goals do not depend on the broker's timing run on the
     // first cluster of the run only.

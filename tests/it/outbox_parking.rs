@@ -229,6 +229,9 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         "leased rows are not claimed again"
     );
 
+    let stats = outbox::stats(&mut conn).await.unwrap();
+    assert_eq!((stats.unpublished, stats.parked), (50, 2000));
+
     // Fair by partition: 1,000 older rows of partition 0, then 10 of
     // partition 1; a claim of 100 a partition takes 100 and the 10.
     db.exec_sql(
@@ -249,8 +252,6 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         (100, 10),
         "each partition takes its own room, oldest first"
     );
-    let stats = outbox::stats(&mut conn).await.unwrap();
-    assert_eq!((stats.unpublished, stats.parked), (50, 2000));
 }
 
 // ---- against the real broker ----

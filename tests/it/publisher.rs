@@ -135,6 +135,80 @@ async fn ten_thousand_expiries_arrive_once_each() {
     assert_eq!(ids.len(), 10_000);
 }
 
+/// `run`'s path: the expiry writes its outbox rows leased to its own
+/// publisher and hands them over after the commit. They are published
+/// once each, another instance's claims never take them, and each costs
+/// one outbox row update (the mark), no claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rows_handed_over_by_the_expiry_cost_one_update_and_stay_with_their_instance() {
+    let db = TestDb::new().await;
+    let topic = create_topic(3).await;
+    let mine = rig(&db, 500, &topic);
+    let other = rig(&db, 500, &topic);
+    let handoff = mine.publisher.handoff();
+    let shutdown = CancellationToken::new();
+    let tasks = [
+        mine.spawn_run(Arc::new(Notify::new()), shutdown.clone()),
+        other.spawn_run(Arc::new(Notify::new()), shutdown.clone()),
+    ];
+    db.seed_due(2_000, t0()).await;
+    let outcome = db
+        .worker_for(&clock(), expiry_settings(200), events_on(&topic))
+        .hand_off(handoff)
+        .run_cycle(&CancellationToken::new())
+        .await
+        .expect("an expiry cycle");
+    assert_eq!(outcome.report.expired(), 2_000);
+    wait_until(
+        "every row is published",
+        Duration::from_secs(30),
+        || async { db.unpublished().await == 0 },
+    )
+    .await;
+    shutdown.cancel();
+    let [mine_done, other_done] = tasks;
+    let (mine_done, other_done) = (mine_done.await.unwrap(), other_done.await.unwrap());
+    assert_eq!(
+        (mine_done.published, other_done.published),
+        (2_000, 0),
+        "the writer's publisher sends its rows; the other instance's claims skip them"
+    );
+    let records = read_topic(&topic, 3).await;
+    let ids: std::collections::HashSet<String> =
+        records.iter().filter_map(|r| r.header("ce_id")).collect();
+    assert_eq!((records.len(), ids.len()), (2_000, 2_000));
+    // Backends write their statistics when they exit: end every other
+    // session of the test database, then read the outbox's updates.
+    db.exec_sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .await;
+    wait_until(
+        "the outbox's statistics",
+        Duration::from_secs(10),
+        || async {
+            db.count(
+                "SELECT n_tup_upd AS n FROM pg_stat_user_tables \
+              WHERE relname = 'booking_expiration_outbox'",
+            )
+            .await
+                >= 2_000
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        db.count(
+            "SELECT n_tup_upd AS n FROM pg_stat_user_tables \
+              WHERE relname = 'booking_expiration_outbox'"
+        )
+        .await,
+        2_000,
+        "one update per event: the mark"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_publishers_never_publish_one_row_twice() {
     let db = TestDb::new().await;

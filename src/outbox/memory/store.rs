@@ -32,6 +32,22 @@ struct Row {
     leased_until: Option<Instant>,
 }
 
+impl Row {
+    /// The row as a claim returns it.
+    fn claimed(&self, id: i64) -> ClaimedRow {
+        ClaimedRow {
+            id,
+            event_id: Uuid::nil(),
+            topic: self.topic.clone(),
+            message_key: self.key.clone(),
+            payload: Vec::new(),
+            headers: Ok(self.headers.clone()),
+            created_at: self.created_at,
+            key_hash: Some(self.key_hash),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     rows: BTreeMap<i64, Row>,
@@ -87,6 +103,16 @@ impl MemoryStore {
         );
         state.open.insert(id);
         id
+    }
+
+    /// Adds an unpublished row for `key` leased for `lease` from now, as
+    /// the expiry of `run` writes it; returns it as the handoff carries it.
+    pub fn insert_leased(&self, topic: &str, key: &str, lease: std::time::Duration) -> ClaimedRow {
+        let id = self.insert(topic, key);
+        let mut state = self.state();
+        let row = state.rows.get_mut(&id).expect("just inserted");
+        row.leased_until = Some(Instant::now() + lease);
+        row.claimed(id)
     }
 
     /// The next `n` rounds fail (the database is gone).
@@ -211,16 +237,7 @@ impl Store for MemoryStore {
                 }
                 *count += 1;
                 row.leased_until = Some(now + claim.lease);
-                claimed.push(ClaimedRow {
-                    id: *id,
-                    event_id: Uuid::nil(),
-                    topic: row.topic.clone(),
-                    message_key: row.key.clone(),
-                    payload: Vec::new(),
-                    headers: Ok(row.headers.clone()),
-                    created_at: row.created_at,
-                    key_hash: Some(row.key_hash),
-                });
+                claimed.push(row.claimed(*id));
             }
         }
         let held = state

@@ -11,6 +11,9 @@
 //!   acknowledged since the last round, parks, renews leases, claims;
 //! - a topic's partition count (metadata), read when unknown and every
 //!   `Timing::metadata_max_age`;
+//! - rows this process's expiry wrote leased to it and handed over after
+//!   its commit (no claim needed: they go to their partition's queue, or
+//!   are released for any claim when it has no room);
 //! - a commit notification or the poll tick (new rows may be waiting);
 //! - the earliest pause that ends.
 //!
@@ -25,7 +28,10 @@ mod rounds;
 use std::{sync::Arc, time::Duration};
 
 use tokio::task::{JoinHandle, JoinSet};
-use tokio::{sync::Notify, time::Instant};
+use tokio::{
+    sync::{Notify, mpsc},
+    time::Instant,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -38,7 +44,10 @@ use super::{
 };
 use crate::{
     clock::Clock,
-    db::{DbError, outbox::ClaimedRow},
+    db::{
+        DbError,
+        outbox::{ClaimedRow, HandedRows},
+    },
     telemetry::{Health, Metrics},
 };
 
@@ -65,6 +74,7 @@ enum Event {
     Answer(Answer),
     Round(Box<Round>, Result<Vec<ClaimedRow>, DbError>, Instant),
     Metadata(String, Result<i32, SendError>),
+    Handed(Option<HandedRows>),
     Stop,
     Wake,
     Timer,
@@ -103,6 +113,10 @@ pub(crate) struct Run<'a, T, S> {
     parked: Vec<(i64, String)>,
     /// Renewals of a round that failed, for the next.
     renew_again: Vec<i64>,
+    /// Rows to release with the next round: handed over without room.
+    release_next: Vec<i64>,
+    /// Rows the expiry of this process hands over (closed: `None`).
+    intake: Option<mpsc::Receiver<HandedRows>>,
     /// Rows may be waiting in the outbox: set by what can bring some (a
     /// commit notification, the poll tick, a full claim, a partition the
     /// last claim left out draining), cleared when a claim starts.
@@ -126,7 +140,7 @@ pub(crate) struct Run<'a, T, S> {
 }
 
 impl<'a, T: Transport, S: Store> Run<'a, T, S> {
-    pub(crate) fn new(parts: &'a Parts<T, S>) -> Self {
+    pub(crate) fn new(parts: &'a Parts<T, S>, intake: Option<mpsc::Receiver<HandedRows>>) -> Self {
         let timing = parts.timing;
         let mut rng = parts
             .seed
@@ -146,6 +160,8 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             published: Vec::new(),
             parked: Vec::new(),
             renew_again: Vec::new(),
+            release_next: Vec::new(),
+            intake,
             more: true,
             skipped: Room::default(),
             stopping: None,
@@ -187,6 +203,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
                 Some(answer) = self.answers.join_next(), if !self.answers.is_empty() => Event::Answer(joined(answer)),
                 (round, result, started) = pending_or(&mut self.round) => Event::Round(Box::new(round), result, started),
                 (topic, result) = pending_or(&mut self.metadata) => Event::Metadata(topic, result),
+                handed = recv_or_pending(&mut self.intake), if !self.released => Event::Handed(handed),
                 () = shutdown.cancelled(), if self.stopping.is_none() => Event::Stop,
                 () = wake.notified(), if self.stopping.is_none() => Event::Wake,
                 () = tokio::time::sleep_until(wake_at) => Event::Timer,
@@ -198,6 +215,8 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
                     self.round_done(*round, result, started, now)
                 }
                 Event::Metadata(topic, result) => self.metadata_done(&topic, result, now),
+                Event::Handed(Some(handed)) => self.handed(handed),
+                Event::Handed(None) => self.intake = None,
                 Event::Stop => self.stopping = Some(now + self.parts.timing.stop_wait),
                 Event::Wake => self.more = true,
                 Event::Timer if now >= self.next_poll => {
@@ -212,11 +231,11 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
     }
 
     /// Whether the run is over. Idle: nothing to claim, hold or mark.
-    /// Stopping: once every request on the way was answered (or
-    /// `Timing::stop_wait` passed), the rows still held are released in a
-    /// last round with the last marks, and the run ends when that round
-    /// has (whatever its result: rows it could not release come back when
-    /// their lease ends).
+    /// Stopping: once every request on the way was answered and the expiry
+    /// stopped handing rows over (or `Timing::stop_wait` passed), the rows
+    /// still held are released in a last round with the last marks, and the
+    /// run ends when that round has (whatever its result: rows it could not
+    /// release come back when their lease ends).
     fn finished(&mut self, until: Until, now: Instant) -> bool {
         let quiet = self.round.is_none() && self.answers.is_empty() && self.metadata.is_none();
         if until == Until::Idle
@@ -234,7 +253,11 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
         if self.released {
             return self.round.is_none();
         }
-        if (!self.answers.is_empty() && now < stop_at) || self.round.is_some() {
+        // Wait (until `stop_at`) for the requests on the way, and for the
+        // expiry to stop handing rows over (it drops its end when it has
+        // stopped), so its last batch is released with the rest.
+        let waiting = !self.answers.is_empty() || self.intake.is_some();
+        if (waiting && now < stop_at) || self.round.is_some() {
             return false;
         }
         // Requests still on the way are dropped: their rows go back to the
@@ -243,7 +266,15 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
         if let Some(metadata) = self.metadata.take() {
             metadata.abort();
         }
-        let release = self.queues.release_all();
+        let mut release = self.queues.release_all();
+        release.append(&mut self.release_next);
+        // Rows handed over after `stop_at` go back too.
+        if let Some(intake) = &mut self.intake {
+            intake.close();
+            while let Ok(handed) = intake.try_recv() {
+                release.extend(handed.rows.iter().map(|row| row.id));
+            }
+        }
         self.released = true;
         self.start_round_with(release, now);
         self.round.is_none()
@@ -278,6 +309,14 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
         let metrics = &self.parts.metrics;
         metrics.outbox_partitions_failing.set(failing as i64);
         metrics.outbox_held.set(self.queues.held() as i64);
+    }
+}
+
+/// The next rows handed over; pending forever without an intake.
+async fn recv_or_pending(intake: &mut Option<mpsc::Receiver<HandedRows>>) -> Option<HandedRows> {
+    match intake {
+        Some(intake) => intake.recv().await,
+        None => std::future::pending().await,
     }
 }
 

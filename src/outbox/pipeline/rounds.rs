@@ -11,7 +11,7 @@ use super::{CORRUPT_ROW, Run};
 use crate::{
     db::{
         DbError,
-        outbox::{Claim, ClaimedRow},
+        outbox::{Claim, ClaimedRow, HandedRows},
     },
     outbox::{
         partition::Held,
@@ -25,7 +25,22 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
     /// Starts a database round when one is due and none is on the way.
     pub(super) fn start_round(&mut self, now: Instant) {
         if self.round.is_none() && now >= self.database_ready_at && !self.released {
-            self.start_round_with(Vec::new(), now);
+            let release = std::mem::take(&mut self.release_next);
+            self.start_round_with(release, now);
+        }
+    }
+
+    /// Rows the expiry of this process wrote leased to it: each to its
+    /// partition's queue, or released for any claim when it has no room
+    /// (a partition that cannot be written holds its share and no more).
+    pub(super) fn handed(&mut self, handed: HandedRows) {
+        for row in handed.rows {
+            if self.queues.has_room(&row.topic, &row.message_key) {
+                self.claimed(row, handed.leased_at);
+            } else {
+                self.parts.metrics.outbox_handoff_released.inc();
+                self.release_next.push(row.id);
+            }
         }
     }
 
@@ -103,12 +118,14 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 if round.claim.is_some() {
                     self.more = true;
                 }
-                if !round.release.is_empty() {
+                if self.released && !round.release.is_empty() {
                     // Stopping: the leases end on their own.
                     tracing::warn!(
                         rows = round.release.len(),
                         "could not release the rows this instance held; another instance takes them when their lease ends"
                     );
+                } else {
+                    self.release_next.extend(round.release);
                 }
             }
         }

@@ -158,6 +158,34 @@ impl Queues {
         self.held
     }
 
+    /// A partition's share of `max_held`: what it holds at most.
+    fn share(&self) -> usize {
+        let known: usize = self
+            .topics
+            .values()
+            .map(|t| t.partitions.len().max(1))
+            .sum();
+        (self.max_held / (4 * known.max(1))).max(1)
+    }
+
+    /// Whether the queue of the row of `topic` with `key` can take it now
+    /// (a row handed over by the expiry, which no claim sized).
+    pub(crate) fn has_room(&self, topic: &str, key: &str) -> bool {
+        if self.held >= self.max_held {
+            return false;
+        }
+        let share = self.share();
+        match self.topics.get(topic) {
+            Some(t) if !t.partitions.is_empty() => {
+                let count = t.partitions.len() as i32;
+                let partition = booking_expired_proto::partition_for_key(key.as_bytes(), count);
+                t.partitions[partition as usize].len() < share
+            }
+            Some(t) => t.unrouted.len() < share,
+            None => true,
+        }
+    }
+
     /// Adds a claimed row to its partition's queue.
     pub(crate) fn add(&mut self, topic: &str, row: Held) {
         self.watch(topic);
@@ -248,12 +276,7 @@ impl Queues {
     /// partitions are not known (the room left permitting), less the topics
     /// that hold a share.
     pub(crate) fn room(&self) -> Room {
-        let known: usize = self
-            .topics
-            .values()
-            .map(|t| t.partitions.len().max(1))
-            .sum();
-        let share = (self.max_held / (4 * known.max(1))).max(1);
+        let share = self.share();
         let mut room = Room {
             limit: self
                 .max_held
