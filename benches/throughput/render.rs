@@ -510,7 +510,7 @@ fn outbox_cost_rows(c: &OutboxCost, rows: &mut Vec<Row>) {
     let (Some(before), Some(after)) = (c.side("before"), c.side("after")) else {
         return;
     };
-    let cases = [
+    let mut cases = vec![
         (
             "CPU per event, publisher alone",
             after.publish_cpu_us.clone(),
@@ -536,6 +536,22 @@ fn outbox_cost_rows(c: &OutboxCost, rows: &mut Vec<Row>) {
             "B",
         ),
     ];
+    // `run`'s path: the expiry hands its rows over leased; its expiry and
+    // publishing overlap, so only the whole event compares.
+    if let Some(handoff) = c.side("handoff") {
+        cases.push((
+            "CPU per event, whole event, run's path (rows handed over leased)",
+            handoff.event_cpu_us(),
+            before.event_cpu_us(),
+            "µs",
+        ));
+        cases.push((
+            "WAL per event, whole event, run's path (rows handed over leased)",
+            handoff.event_wal_bytes(),
+            before.event_wal_bytes(),
+            "B",
+        ));
+    }
     for (i, (label, a, b, unit)) in cases.into_iter().enumerate() {
         let decimals = if unit == "B" { 0 } else { 1 };
         let ratio = outbox_cost::paired_ratio(&a, &b);

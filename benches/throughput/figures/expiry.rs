@@ -286,9 +286,27 @@ fn expiry_settings(batch: u32) -> ExpirySettings {
 /// A worker as the figures run it: batch `batch`, a budget for the whole
 /// backlog, the clock fixed at `as_of`.
 pub fn worker(pool: PgPool, as_of: DateTime<Utc>, batch: u32) -> ExpiryWorker {
+    worker_with(pool, as_of, expiry_settings(batch))
+}
+
+/// [`worker`] with at most `batches` batches a cycle.
+pub fn worker_of_cycles(
+    pool: PgPool,
+    as_of: DateTime<Utc>,
+    batch: u32,
+    batches: u32,
+) -> ExpiryWorker {
+    let settings = ExpirySettings {
+        max_batches_per_cycle: batches,
+        ..expiry_settings(batch)
+    };
+    worker_with(pool, as_of, settings)
+}
+
+fn worker_with(pool: PgPool, as_of: DateTime<Utc>, settings: ExpirySettings) -> ExpiryWorker {
     ExpiryWorker::new(
         &TaskContext::new(pool, Arc::new(ManualClock::new(as_of))),
-        expiry_settings(batch),
+        settings,
         EventSettings {
             ce_source: SOURCE.into(),
             topic: TOPIC.into(),

@@ -36,11 +36,17 @@
 //! - `after_ff100`, `after_ff50`: `after` with the outbox's `fillfactor`
 //!   set otherwise on the copy before the expiry writes (100: no room on a
 //!   page for the lease's new row version, so no HOT update; 50: more);
+//! - `handoff`: `run`'s path: the expiry writes each outbox row leased to
+//!   its own publisher (running beside it, `ScriptedTransport`) and hands
+//!   the committed rows over, so no claim reserves them; cycles of 5
+//!   batches, each once the publisher holds nothing (production's steady
+//!   state: no queue at its share). Its expiry and publishing overlap, so
+//!   only its whole event (steps 1 + 2) is compared;
 //! - `split`: the breakdown of `after`: every claim (lease) first, then
 //!   every mark, with a reading between, through the same `db::outbox`
 //!   functions the pipeline's store calls.
 
-use std::time::Instant;
+use std::{sync::Arc, time::Instant};
 
 use anyhow::{Result, ensure};
 use booking_expiration::{
@@ -57,6 +63,7 @@ use diesel::{
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -90,6 +97,7 @@ const EXPIRY_BATCH: u32 = 200;
 enum Publish {
     Before,
     Pipeline,
+    Handoff,
     PipelineKafka,
     Split,
 }
@@ -101,7 +109,7 @@ struct SideSpec {
     fillfactor: u32,
 }
 
-const SIDES: [SideSpec; 6] = [
+const SIDES: [SideSpec; 7] = [
     SideSpec {
         key: "before",
         label: "before #32: claim (SELECT … FOR UPDATE SKIP LOCKED) + mark in one transaction per batch",
@@ -112,6 +120,12 @@ const SIDES: [SideSpec; 6] = [
         key: "after",
         label: "after: the pipeline on PgStore (lease claim + mark rounds), broker acks at once",
         publish: Publish::Pipeline,
+        fillfactor: 70,
+    },
+    SideSpec {
+        key: "handoff",
+        label: "run's path: rows written leased to the instance's publisher, handed over after the commit",
+        publish: Publish::Handoff,
         fillfactor: 70,
     },
     SideSpec {
@@ -387,11 +401,36 @@ async fn run_side(svc: &Services, set: &DueSet<'_>, side: &SideSpec) -> Result<R
     let mut admin = svc.admin().await?;
     let n = set.due;
 
+    if side.publish == Publish::Handoff {
+        let r0 = usage(svc, &mut admin).await?;
+        let started = Instant::now();
+        let (expiry_done, published) = expire_and_hand_over(&pool, set).await?;
+        let r1 = usage(svc, &mut admin).await?;
+        let publish_s = started.elapsed().as_secs_f64();
+        ensure!(
+            expiry_done == n && published == n,
+            "{}: expired {expiry_done}, published {published} of {n}",
+            side.key
+        );
+        return finish_side(
+            svc,
+            &db,
+            &url,
+            pool,
+            admin,
+            (r0, r1, r1),
+            None,
+            publish_s,
+            n,
+        )
+        .await;
+    }
     let r0 = usage(svc, &mut admin).await?;
     let worker = expiry::worker(pool.clone(), set.as_of, EXPIRY_BATCH);
     let outcome = worker
         .run_cycle_at(set.as_of, RunId::generate(), &CancellationToken::new())
         .await?;
+    drop(worker);
     ensure!(
         outcome.report.expired() == n,
         "{}: expired {} of {n}",
@@ -421,33 +460,96 @@ async fn run_side(svc: &Services, set: &DueSet<'_>, side: &SideSpec) -> Result<R
             mark_all(&pool, &ids).await?;
             ids.len() as u64
         }
+        Publish::Handoff => unreachable!("measured above"),
     };
     let publish_s = started.elapsed().as_secs_f64();
     ensure!(published == n, "{}: published {published} of {n}", side.key);
     let r2 = usage(svc, &mut admin).await?;
+    finish_side(
+        svc,
+        &db,
+        &url,
+        pool,
+        admin,
+        (r0, r1, r2),
+        lease_reading.map(|r| (r1, r)),
+        publish_s,
+        n,
+    )
+    .await
+}
+
+/// Step 3 (VACUUM) and the outbox's statistics, then the side's figures
+/// from the readings before the expiry, after it and after publishing.
+#[allow(clippy::too_many_arguments)]
+async fn finish_side(
+    svc: &Services,
+    db: &str,
+    url: &str,
+    pool: PgPool,
+    mut admin: AsyncPgConnection,
+    (r0, r1, r2): (Usage, Usage, Usage),
+    lease: Option<(Usage, Usage)>,
+    publish_s: f64,
+    n: u64,
+) -> Result<Run> {
     {
         let mut conn = pool.get().await?;
         conn.batch_execute("VACUUM booking_expiration_outbox")
             .await?;
     }
     let r3 = usage(svc, &mut admin).await?;
-    drop(worker);
     drop(pool);
     drop(admin);
     // The backends exit and flush their table statistics.
-    svc.wait_idle(&db).await?;
-    let (updates, hot, pages) = outbox_stats(&url).await?;
-    svc.drop_db(&db).await?;
+    svc.wait_idle(db).await?;
+    let (updates, hot, pages) = outbox_stats(url).await?;
+    svc.drop_db(db).await?;
     Ok(Run {
         expiry: per_event(r0, r1, n),
         publish: per_event(r1, r2, n),
         vacuum: per_event(r2, r3, n),
-        lease: lease_reading.map(|r| per_event(r1, r, n)),
+        lease: lease.map(|(a, b)| per_event(a, b, n)),
         publish_s,
         updates_per_event: updates / n as f64,
         hot_share: if updates > 0.0 { hot / updates } else { 0.0 },
         pages,
     })
+}
+
+/// `run`'s path: a publisher (acknowledging at once) runs beside the
+/// expiry, which writes its rows leased to it and hands them over; cycles
+/// of 5 batches, each once the publisher holds nothing. Returns the
+/// bookings expired and the rows published once the publisher stopped.
+async fn expire_and_hand_over(pool: &PgPool, set: &DueSet<'_>) -> Result<(u64, u64)> {
+    let context = publisher_context(pool.clone());
+    let publisher = Arc::new(publisher(&context, ScriptedTransport::new(super::TOPIC, 3)));
+    let worker = expiry::worker_of_cycles(pool.clone(), set.as_of, EXPIRY_BATCH, 5)
+        .hand_off(publisher.handoff());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let (publisher, shutdown) = (Arc::clone(&publisher), shutdown.clone());
+        async move { publisher.run(Arc::new(Notify::new()), shutdown).await }
+    });
+    let mut expired = 0;
+    loop {
+        let outcome = worker
+            .run_cycle_at(set.as_of, RunId::generate(), &CancellationToken::new())
+            .await?;
+        expired += outcome.report.expired();
+        if outcome.report.expired() == 0 {
+            break;
+        }
+        while context.metrics.outbox_held.get() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+    // The expiry stops (its end of the handoff closes), then the publisher
+    // marks what is left and stops.
+    drop(worker);
+    shutdown.cancel();
+    let published = task.await?.published;
+    Ok((expired, published))
 }
 
 /// The old publisher's database work: one transaction per batch, claim

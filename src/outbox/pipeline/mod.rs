@@ -240,6 +240,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
         let quiet = self.round.is_none() && self.answers.is_empty() && self.metadata.is_none();
         if until == Until::Idle
             && quiet
+            && self.intake.as_ref().is_none_or(mpsc::Receiver::is_empty)
             && !self.more
             && self.queues.held() == 0
             && self.published.is_empty()
