@@ -359,6 +359,22 @@ impl Flow {
 
     /// Waits until the watcher saw every partition of both topics in the
     /// state `ok` accepts (its latest observation); returns when it was seen.
+    /// Waits until partition 0 has 2 in-sync replicas again (`when`, for
+    /// the progress line), then 2 s for the first records after it (the
+    /// goal is measured from the watcher's moment; a second covers it).
+    /// Returns that moment and the end of the step.
+    async fn partition_0_in_sync_again(&self, when: &str) -> (i64, i64) {
+        let synced_at = self
+            .wait_watched(
+                &format!("partition 0 with 2 in-sync replicas {when}"),
+                Duration::from_secs(120),
+                |o| o.leader >= 0 && o.isr.len() >= 2,
+            )
+            .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        (synced_at, now_ms())
+    }
+
     async fn wait_watched(
         &self,
         what: &str,
@@ -1887,17 +1903,7 @@ async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut 
     blocking(|| cluster.launch_node(P0_FOLLOWER));
     faults.up(P0_FOLLOWER, launched);
     progress(&format!("node {P0_FOLLOWER} launched again"));
-    let synced_at = flow
-        .wait_watched(
-            "partition 0 with 2 in-sync replicas again",
-            Duration::from_secs(120),
-            |o| o.leader >= 0 && o.isr.len() >= 2,
-        )
-        .await;
-    // The first records after it (the goal is measured from the watcher's
-    // moment; a second covers it).
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let end = now_ms();
+    let (synced_at, end) = flow.partition_0_in_sync_again("again").await;
     let statements = activity.stop(from, 8).await;
     let fin = flow.finish().await;
     let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
@@ -2021,15 +2027,7 @@ async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report
     let thawed = now_ms();
     faults.up(P0_FOLLOWER, thawed);
     progress(&format!("node {P0_FOLLOWER} thawed"));
-    let synced_at = flow
-        .wait_watched(
-            "partition 0 with 2 in-sync replicas after the thaw",
-            Duration::from_secs(120),
-            |o| o.leader >= 0 && o.isr.len() >= 2,
-        )
-        .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let end = now_ms();
+    let (synced_at, end) = flow.partition_0_in_sync_again("after the thaw").await;
     let statements = activity.stop(from, 8).await;
     let errors = produce_error_codes(&flow.metrics_addr).await;
     let fin = flow.finish().await;
