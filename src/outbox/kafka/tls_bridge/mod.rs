@@ -33,7 +33,7 @@
 //! A failed handshake answers rskafka's SOCKS5 request with an error, so
 //! rskafka fails (and retries within `KAFKA_REQUEST_TIMEOUT`) instead of
 //! hanging; the reason, in the words of the setting that fixes it, is kept
-//! for [`super::KafkaSink`] to report ([`TlsBridge::take_failure`]).
+//! for [`super::KafkaTransport`] to report ([`TlsBridge::take_failure`]).
 
 mod diagnostics;
 mod peer;
