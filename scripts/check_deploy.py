@@ -55,6 +55,8 @@ COUNTERS = {
     "crm_booking_expiration_outbox_deleted": [],
     "crm_booking_expiration_outbox_produce_errors": ["code"],
     "crm_booking_expiration_kafka_metadata_refreshes": ["reason"],
+    "crm_booking_expiration_outbox_handoff_missed": [],
+    "crm_booking_expiration_outbox_handoff_released": [],
 }
 GAUGES = [
     "crm_booking_expiration_backlog",
@@ -64,6 +66,8 @@ GAUGES = [
     "crm_booking_expiration_outbox_unpublished",
     "crm_booking_expiration_outbox_oldest_unpublished_age_seconds",
     "crm_booking_expiration_outbox_parked",
+    "crm_booking_expiration_outbox_held",
+    "crm_booking_expiration_outbox_partitions_failing",
 ]
 HISTOGRAMS = {
     "crm_booking_expiration_cycle_duration_seconds":
@@ -332,6 +336,8 @@ HEALTHY_FLAT = {
     "crm_booking_expiration_clock_skew_backoffs",
     "crm_booking_expiration_cycles_failed",
     "crm_booking_expiration_outbox_publish_errors",
+    "crm_booking_expiration_outbox_handoff_missed",
+    "crm_booking_expiration_outbox_handoff_released",
 }
 
 
@@ -397,6 +403,8 @@ class StandIn:
             "crm_booking_expiration_outbox_unpublished": 12,
             "crm_booking_expiration_outbox_oldest_unpublished_age_seconds": 2,
             "crm_booking_expiration_outbox_parked": 0,
+            "crm_booking_expiration_outbox_held": 12,
+            "crm_booking_expiration_outbox_partitions_failing": 0,
         }
         for name in GAUGES:
             out += [f"# HELP {name} stand-in", f"# TYPE {name} gauge", f"{name} {values[name]}"]
