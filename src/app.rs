@@ -281,7 +281,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             timing,
             events.topic.clone(),
         );
-        handoff = Some(publisher.handoff());
+        if roles.worker {
+            handoff = Some(publisher.handoff());
+        }
         // Two tasks, each with its own schedule: the publisher's pipeline
         // (its metadata reads are the broker's readiness check) and
         // retention.
@@ -296,7 +298,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     if roles.worker && !shutdown.is_cancelled() {
         let worker =
             ExpiryWorker::new(&context, expiry_settings, events.clone(), shutdown_settings);
-        let worker = match handoff {
+        let worker = match handoff.take() {
             Some(handoff) => worker.hand_off(handoff),
             None => worker,
         };
@@ -306,6 +308,9 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             shutdown.clone(),
         ));
     }
+    // A handoff no expiry took closes now: at shutdown the publisher waits
+    // for the expiry's end of it to close.
+    drop(handoff);
 
     shutdown.cancelled().await;
     tracing::info!(grace_ms = grace.as_millis() as u64, "stopping");

@@ -464,6 +464,35 @@ async fn wrong_password_and_unreachable_database_fail_clearly() {
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
+/// An instance that only publishes (`NO_WORKER`) has no expiry to hand it
+/// rows: at SIGTERM its publisher does not wait `SHUTDOWN_GRACE` (10 s at
+/// the default) for one, it stops as soon as its last round is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_only_instance_stops_without_waiting_out_the_grace() {
+    let db = TestDb::new().await;
+    let topic = create_topic(3).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut command = binary();
+    command
+        .arg("run")
+        .env("DATABASE_URL", &db.url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
+        .env("KAFKA_TOPIC", &topic)
+        .env("NO_WORKER", "true")
+        .env("METRICS_ADDR", &addr);
+    let mut running = Running::spawn(command);
+    wait_http_status(&addr, "/readyz", 200, Duration::from_secs(30)).await;
+    let stop = std::time::Instant::now();
+    running.terminate();
+    let status = running.wait(Duration::from_secs(30)).await;
+    let took = stop.elapsed();
+    assert_eq!(status.code(), Some(0), "graceful stop exits 0");
+    assert!(
+        took < Duration::from_secs(5),
+        "stopped {took:?} after SIGTERM (SHUTDOWN_GRACE is 10 s)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
     let db = TestDb::new().await;
