@@ -91,50 +91,15 @@ admin_tool() { # DIR CLASS ARGS...: a Kafka tool as `admin` on the ADMIN listene
 
 cmd_start() {
   [[ $# -eq 3 && "$2" =~ ^[0-9]+$ && "$3" =~ ^[0-9]+$ ]] || die "usage: kafka-acl.sh start DIR PORT WORKER_PORT"
-  local dir port cp java pid deadline t0 p
+  local dir port pid t0
   mkdir -p "$1"
   dir="$(cd "$1" && pwd -P)"
   port="$2"
   t0=$(date +%s%3N)
-  cp="$(bash "$KAFKA_SH" classpath)"
-  java="$(java_bin)"
   write_config "$dir" "$port" "$3"
-  if [[ ! -f "$dir/data/meta.properties" ]]; then
-    "$java" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-      -Dlog4j2.configurationFile="$HERE/kafka/tools-log4j2.properties" -cp "$cp" \
-      kafka.tools.StorageTool format -t "$(head -c 16 /dev/urandom | base64 | tr '+/' 'AB' | tr -d '=\n')" \
-      -c "$dir/server.properties" </dev/null >"$dir/format.log" 2>&1 \
-      || { cat "$dir/format.log" >&2; die "kafka-storage format failed"; }
-  fi
-  # shellcheck disable=SC2086
-  nohup "$java" ${KAFKA_HEAP_OPTS:--Xms128m -Xmx384m} \
-    -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -XX:TieredStopAtLevel=1 \
-    -Djava.awt.headless=true -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties" \
-    -cp "$cp" kafka.Kafka "$dir/server.properties" \
-    >"$dir/kafka.log" 2>&1 </dev/null &
-  pid=$!
-  echo "$pid" >"$dir/kafka.pid"
-  deadline=$(( $(date +%s) + ${KAFKA_START_TIMEOUT:-90} ))
+  pid="$(bash "$KAFKA_SH" launch-broker "$dir")"
   # Ready: registered ("Kafka Server started") and every listener accepts TCP.
-  local ready
-  while :; do
-    ready=1
-    grep -q "Kafka Server started" "$dir/kafka.log" 2>/dev/null || ready=0
-    for p in "$port" $((port + 2)) $((port + 3)); do
-      (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || ready=0
-    done
-    [[ $ready == 1 ]] && break
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -n 60 "$dir/kafka.log" >&2
-      die "the broker exited during start-up"
-    fi
-    if (( $(date +%s) >= deadline )); then
-      tail -n 60 "$dir/kafka.log" >&2
-      bash "$KAFKA_SH" stop "$dir"
-      die "broker start-up timed out"
-    fi
-    sleep 0.2
-  done
+  bash "$KAFKA_SH" wait-started "$dir" "$pid" "$port" $((port + 2)) $((port + 3))
   log "broker with an authorizer ready on 127.0.0.1:$port-$((port + 3)), worker listener advertised as 127.0.0.1:$3 (pid $pid) in $(( $(date +%s%3N) - t0 )) ms"
 }
 

@@ -84,45 +84,17 @@ EOF
 
 cmd_start() {
   [[ $# -eq 2 && "$2" =~ ^[0-9]+$ ]] || die "usage: kafka-tls.sh start DIR PORT"
-  local dir port cp java pid deadline t0
+  local dir port pid t0
   mkdir -p "$1"
   dir="$(cd "$1" && pwd -P)"
   port="$2"
   t0=$(date +%s%3N)
-  cp="$(bash "$KAFKA_SH" classpath)"
-  java="${JAVA:-${JAVA_HOME:+$JAVA_HOME/bin/}java}"
   [[ -f "$dir/tls/stranger.crt" ]] || certs "$dir"
   write_config "$dir" "$port"
-  if [[ ! -f "$dir/data/meta.properties" ]]; then
-    "$java" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
-      -Dlog4j2.configurationFile="$HERE/kafka/tools-log4j2.properties" -cp "$cp" \
-      kafka.tools.StorageTool format -t "$(head -c 16 /dev/urandom | base64 | tr '+/' 'AB' | tr -d '=\n')" \
-      -c "$dir/server.properties" --add-scram "SCRAM-SHA-512=[name=$user,password=$password]" \
-      </dev/null >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "kafka-storage format failed"; }
-  fi
-  # shellcheck disable=SC2086
-  nohup "$java" ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} \
-    -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -XX:TieredStopAtLevel=1 \
-    -Djava.awt.headless=true -Dlog4j2.configurationFile="$HERE/kafka/log4j2.properties" \
-    -cp "$cp" kafka.Kafka "$dir/server.properties" \
-    >"$dir/kafka.log" 2>&1 </dev/null &
-  pid=$!
-  echo "$pid" >"$dir/kafka.pid"
-  deadline=$(( $(date +%s) + ${KAFKA_START_TIMEOUT:-90} ))
+  pid="$(KAFKA_HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m}" bash "$KAFKA_SH" launch-broker "$dir" \
+    --add-scram "SCRAM-SHA-512=[name=$user,password=$password]")"
   # Ready: every listener accepts TCP and the broker's registration is done.
-  until grep -q "Kafka Server started" "$dir/kafka.log" 2>/dev/null &&
-        (exec 3<>"/dev/tcp/127.0.0.1/$((port + 6))") 2>/dev/null; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-      tail -n 60 "$dir/kafka.log" >&2
-      die "the broker exited during start-up"
-    fi
-    if (( $(date +%s) >= deadline )); then
-      tail -n 60 "$dir/kafka.log" >&2
-      bash "$KAFKA_SH" stop "$dir"
-      die "broker start-up timed out"
-    fi
-    sleep 0.2
-  done
+  bash "$KAFKA_SH" wait-started "$dir" "$pid" $((port + 6))
   if [[ -n "${KAFKA_TLS_OWNER_PID:-}" ]]; then
     # A watcher, detached from the caller, that stops the broker when its owner is gone.
     setsid bash -c 'while kill -0 "$1" 2>/dev/null; do sleep 1; done; bash "$2" stop "$3" >/dev/null 2>&1' \

@@ -27,6 +27,15 @@
 #   scripts/kafka.sh consume PORT TOPIC OUTFILE [MAX_MESSAGES] [IDLE_MS]
 #                                               JSON lines, see scripts/kafka/DumpTopic.java
 #   scripts/kafka.sh classpath                  print the classpath ("$LIBS/*")
+#   scripts/kafka.sh launch-broker DIR [FORMAT_ARG...]
+#                                               a broker of DIR/server.properties (written by
+#                                               the caller) in the background: DIR/data formatted
+#                                               once (FORMAT_ARG: more StorageTool arguments,
+#                                               --add-scram ...), pid in DIR/kafka.pid, printed
+#   scripts/kafka.sh wait-started DIR PID PORT...
+#                                               until its log says "Kafka Server started" and
+#                                               every PORT accepts TCP; on its exit or after
+#                                               KAFKA_START_TIMEOUT: its log's tail, stop, fail
 #   scripts/kafka.sh topic-defaults DIR RF ISR  the server.properties lines all test brokers share
 #   scripts/kafka.sh add-partitions PORT TOPIC N
 #                                               grow TOPIC to N partitions
@@ -244,6 +253,54 @@ wait_ready() { # DIR PORT PID
       die "broker start-up timed out"
     fi
     sleep 0.5
+  done
+}
+
+# The single-node brokers of kafka-tls.sh and kafka-acl.sh: their own listeners and
+# server.properties, the same launch and readiness.
+cmd_launch_broker() {
+  [[ $# -ge 1 && -f "$1/server.properties" ]] || die "usage: kafka.sh launch-broker DIR [FORMAT_ARG...] (DIR/server.properties first)"
+  local dir pid
+  dir="$(cd "$1" && pwd -P)"
+  shift
+  ensure_libs
+  if [[ ! -f "$dir/data/meta.properties" ]]; then
+    kjava kafka.tools.StorageTool format -t "$(head -c 16 /dev/urandom | base64 | tr '+/' 'AB' | tr -d '=\n')" \
+      -c "$dir/server.properties" "$@" </dev/null >"$dir/format.log" 2>&1 \
+      || { cat "$dir/format.log" >&2; die "kafka-storage format failed"; }
+  fi
+  # shellcheck disable=SC2086
+  nohup "$JAVA" ${KAFKA_HEAP_OPTS:--Xms128m -Xmx384m} \
+    -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -XX:TieredStopAtLevel=1 \
+    -Djava.awt.headless=true -Dlog4j2.configurationFile="$KDIR/log4j2.properties" \
+    -cp "$LIBS/*" kafka.Kafka "$dir/server.properties" \
+    >"$dir/kafka.log" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$dir/kafka.pid"
+  echo "$pid"
+}
+
+cmd_wait_started() {
+  [[ $# -ge 3 ]] || die "usage: kafka.sh wait-started DIR PID PORT..."
+  local dir="$1" pid="$2" deadline=$(( $(now) + START_TIMEOUT )) ready p
+  shift 2
+  while :; do
+    ready=1
+    grep -q "Kafka Server started" "$dir/kafka.log" 2>/dev/null || ready=0
+    for p in "$@"; do
+      port_open "$p" || ready=0
+    done
+    [[ $ready == 1 ]] && return 0
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -n 60 "$dir/kafka.log" >&2
+      die "the broker exited during start-up"
+    fi
+    if (( $(now) >= deadline )); then
+      tail -n 60 "$dir/kafka.log" >&2
+      cmd_stop "$dir"
+      die "broker start-up timed out"
+    fi
+    sleep 0.2
   done
 }
 
@@ -643,6 +700,8 @@ main() {
     node-pid) cmd_node_pid "$@" ;;
     plain-producer) cmd_plain_producer "$@" ;;
     classpath) [[ $# -eq 0 ]] || usage; ensure_libs; echo "$LIBS/*" ;;
+    launch-broker) cmd_launch_broker "$@" ;;
+    wait-started) cmd_wait_started "$@" ;;
     -h|--help|help) usage 0 ;;
     *) log "unknown command '$cmd'"; usage ;;
   esac
