@@ -478,9 +478,7 @@ pub async fn persist_expiries(
         .bind::<Text, _>(&events.topic)
         .bind::<Timestamptz, _>(written_at)
         .bind::<Text, _>(&events.ce_source)
-        .bind::<Nullable<BigInt>, _>(
-            lease.map(|lease| i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)),
-        )
+        .bind::<Nullable<BigInt>, _>(lease.map(outbox::millis))
         .load(conn)
         .await?;
     Ok(updated

@@ -384,7 +384,8 @@ pub async fn explain_claim(
     Ok(plan.into_iter().map(|p| p.line).collect())
 }
 
-fn millis(duration: std::time::Duration) -> i64 {
+/// A duration as whole milliseconds for a statement's parameter (a lease).
+pub(crate) fn millis(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -1197,18 +1197,15 @@ async fn claim_cost(db: &TestDb, topic: &str) -> String {
     let _ = diesel::sql_query("BEGIN").execute(&mut conn).await;
     let plan = db::outbox::explain_claim(&mut conn, &claim, "(ANALYZE, BUFFERS)").await;
     let _ = diesel::sql_query("ROLLBACK").execute(&mut conn).await;
-    let plan: Vec<_> = match plan {
-        Ok(lines) => lines.into_iter().map(|line| Plan { line }).collect(),
+    let plan: Vec<String> = match plan {
+        Ok(lines) => lines,
         Err(error) => return format!("EXPLAIN failed: {error}"),
     };
-    struct Plan {
-        line: String,
-    }
     let field = |prefix: &str| -> Vec<String> {
         plan.iter()
-            .filter_map(|p| {
-                let at = p.line.find(prefix)?;
-                Some(p.line[at + prefix.len()..].trim().to_owned())
+            .filter_map(|line| {
+                let at = line.find(prefix)?;
+                Some(line[at + prefix.len()..].trim().to_owned())
             })
             .collect()
     };
@@ -1219,7 +1216,7 @@ async fn claim_cost(db: &TestDb, topic: &str) -> String {
         .unwrap_or(0);
     // "Update on … (actual time=… rows=N loops=1)": the rows claimed.
     let claimed = <[_]>::first(&plan)
-        .and_then(|p| p.line.split("actual").nth(1))
+        .and_then(|line| line.split("actual").nth(1))
         .and_then(|a| a.split("rows=").nth(1))
         .and_then(|r| r.split_whitespace().next())
         .unwrap_or("?")
