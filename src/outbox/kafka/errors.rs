@@ -308,6 +308,8 @@ impl KafkaError {
             KafkaError::NoPartitions(_) => "CLIENT_NO_PARTITIONS".into(),
             KafkaError::Timeout { .. } => "CLIENT_TIMEOUT".into(),
             KafkaError::ShortAck { .. } => "CLIENT_SHORT_ACK".into(),
+            // TCP to the broker failed (through the bridge): no refusal.
+            KafkaError::Security(SecurityError::Connect { .. }) => "CLIENT_CONNECT".into(),
             KafkaError::Security(_) => "CLIENT_SECURITY".into(),
         }
     }
@@ -324,7 +326,9 @@ impl KafkaError {
                     Some(Disposition::Retry) | None => ErrorClass::Retriable,
                 }
             }
-            KafkaError::Timeout { .. } | KafkaError::ShortAck { .. } => ErrorClass::Retriable,
+            KafkaError::Timeout { .. }
+            | KafkaError::ShortAck { .. }
+            | KafkaError::Security(SecurityError::Connect { .. }) => ErrorClass::Retriable,
             KafkaError::TopicMissing(_) | KafkaError::NoPartitions(_) | KafkaError::Security(_) => {
                 ErrorClass::Fatal
             }
@@ -595,6 +599,24 @@ pub(super) mod tests {
         assert_eq!(
             KafkaError::TopicMissing("t".into()).class(),
             ErrorClass::Fatal
+        );
+        // The bridge could not reach the broker over TCP: a broker down,
+        // not a refusal; a TLS or SASL refusal waits for an operator.
+        let down = KafkaError::Security(SecurityError::Connect {
+            broker: "b:9092".into(),
+            problem: "Connection refused (os error 111)".into(),
+        });
+        assert_eq!(
+            (down.class(), down.code().as_str()),
+            (ErrorClass::Retriable, "CLIENT_CONNECT")
+        );
+        let refused = KafkaError::Security(SecurityError::Sasl {
+            mechanism: "PLAIN",
+            servers: "b:9092".into(),
+        });
+        assert_eq!(
+            (refused.class(), refused.code().as_str()),
+            (ErrorClass::Fatal, "CLIENT_SECURITY")
         );
     }
 

@@ -65,8 +65,9 @@ pub struct KafkaTransport {
     partitions: PartitionClients,
     /// Metadata reads by reason (`connect`, `periodic`, `leader`).
     metadata_reads: Family<ReasonLabel, Counter>,
-    /// The in-process TLS bridge (`SSL`, `SASL_SSL`), started at the first
-    /// connect.
+    /// The in-process bridge every broker connection goes through (TLS for
+    /// `SSL` and `SASL_SSL`; `TCP_NODELAY` on rskafka's sockets for all),
+    /// started at the first connect.
     tls_bridge: tokio::sync::OnceCell<TlsBridge>,
 }
 
@@ -149,17 +150,14 @@ impl KafkaTransport {
                 SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(credentials),
             });
         }
-        let bridge = match &self.settings.tls {
-            None => None,
-            Some(tls) => {
-                let bridge = self
-                    .tls_bridge
-                    .get_or_try_init(|| TlsBridge::start(tls, &self.settings))
-                    .await?;
-                builder = builder.socks5_proxy(bridge.proxy_for_new_connect());
-                Some(bridge)
-            }
-        };
+        // Every broker connection goes through the in-process bridge: TLS
+        // where configured, and `TCP_NODELAY` on rskafka's sockets always.
+        let bridge = self
+            .tls_bridge
+            .get_or_try_init(|| TlsBridge::start(self.settings.tls.as_ref(), &self.settings))
+            .await?;
+        builder = builder.socks5_proxy(bridge.proxy_for_new_connect());
+        let bridge = Some(bridge);
         // A TLS or SASL refusal is reported as such, naming its setting.
         match builder.build().await {
             Ok(client) => Ok(client),

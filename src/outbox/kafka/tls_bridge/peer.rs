@@ -3,26 +3,61 @@
 
 use std::net::{SocketAddr, SocketAddrV4};
 
-/// Whether the TCP connection from `peer` to `bridge` was opened by this
-/// process: the connecting socket (local `peer`, remote `bridge`) is found
-/// in this network namespace's TCP table, and its inode is one of this
-/// process's open files.
-pub(super) fn is_own_connection(peer: SocketAddr, bridge: SocketAddr) -> std::io::Result<bool> {
+/// A socket of this process that connected to the bridge: its file
+/// descriptor and the inode that names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct OwnSocket {
+    fd: i32,
+    inode: u64,
+}
+
+/// The socket of this process that opened the TCP connection from `peer`
+/// to `bridge`, if one did: the connecting socket (local `peer`, remote
+/// `bridge`) is found in this network namespace's TCP table, and its inode
+/// is one of this process's open files. `None`: another process's.
+pub(super) fn own_socket(
+    peer: SocketAddr,
+    bridge: SocketAddr,
+) -> std::io::Result<Option<OwnSocket>> {
     let (SocketAddr::V4(peer), SocketAddr::V4(bridge)) = (peer, bridge) else {
-        return Ok(false);
+        return Ok(None);
     };
     let table = std::fs::read_to_string("/proc/self/net/tcp")?;
     let Some(inode) = socket_inode(&table, peer, bridge) else {
-        return Ok(false);
+        return Ok(None);
     };
     let wanted = format!("socket:[{inode}]");
     for entry in std::fs::read_dir("/proc/self/fd")? {
         let Ok(entry) = entry else { continue };
-        if std::fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == &*wanted) {
-            return Ok(true);
+        if std::fs::read_link(entry.path()).is_ok_and(|target| target.as_os_str() == &*wanted)
+            && let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse().ok())
+        {
+            return Ok(Some(OwnSocket { fd, inode }));
         }
     }
-    Ok(false)
+    Ok(None)
+}
+
+impl OwnSocket {
+    /// Turns Nagle's algorithm off on this socket (`TCP_NODELAY`), which
+    /// rskafka opened and never sets: it writes a request's length and its
+    /// body in two writes, and with Nagle's algorithm on, a body's last
+    /// part waited for the acknowledgement of what went before, which the
+    /// broker may delay by 40 ms. The socket is reached through a copy of
+    /// its descriptor (`pidfd_getfd` on this process), checked to be the
+    /// same socket (its inode) before the option is set.
+    pub(super) fn set_nodelay(self) -> std::io::Result<()> {
+        use rustix::process::{PidfdFlags, PidfdGetfdFlags, getpid, pidfd_getfd, pidfd_open};
+        let me = pidfd_open(getpid(), PidfdFlags::empty())?;
+        let socket = pidfd_getfd(&me, self.fd, PidfdGetfdFlags::empty())?;
+        if rustix::fs::fstat(&socket)?.st_ino != self.inode {
+            return Err(std::io::Error::other(
+                "the descriptor names another file now",
+            ));
+        }
+        rustix::net::sockopt::set_tcp_nodelay(&socket, true)?;
+        Ok(())
+    }
 }
 
 /// The inode of the socket with this local and remote address in a
@@ -81,11 +116,26 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let client = TcpStream::connect(address).await.unwrap();
         let (_accepted, peer) = listener.accept().await.unwrap();
-        assert!(is_own_connection(peer, address).unwrap());
+        assert!(own_socket(peer, address).unwrap().is_some());
         // A peer address no socket of this process has.
         let stranger = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
-        assert!(!is_own_connection(stranger, address).unwrap());
+        assert_eq!(own_socket(stranger, address).unwrap(), None);
         drop(client);
+    }
+
+    #[tokio::test]
+    async fn sets_nodelay_on_the_connecting_socket() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let client = TcpStream::connect(address).await.unwrap();
+        let (_accepted, peer) = listener.accept().await.unwrap();
+        assert!(!client.nodelay().unwrap());
+        let socket = own_socket(peer, address).unwrap().unwrap();
+        socket.set_nodelay().unwrap();
+        assert!(
+            client.nodelay().unwrap(),
+            "TCP_NODELAY on the client's socket"
+        );
     }
 
     #[tokio::test]
@@ -96,7 +146,7 @@ mod tests {
             ca: None,
             client: None,
         };
-        let bridge = TlsBridge::listen(tls, None, Duration::from_secs(2))
+        let bridge = TlsBridge::listen(Some(tls), None, Duration::from_secs(2))
             .await
             .unwrap();
         let port = bridge.shared.address.port();

@@ -96,14 +96,12 @@ pub(super) fn login_error(head: &[u8], requests: &LoginRequests) -> Option<i16> 
 /// login's error codes as they pass (a refused SASL login is reported by
 /// the broker in a response, and then rskafka closes) and a refusal into
 /// the broker's way of ending the connection.
-pub(super) async fn relay(
-    client: TcpStream,
-    tls: tokio_rustls::client::TlsStream<TcpStream>,
-    broker: &str,
-    shared: &Shared,
-) {
+pub(super) async fn relay<S>(client: TcpStream, broker_stream: S, broker: &str, shared: &Shared)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin,
+{
     let (mut client_read, mut client_write) = client.into_split();
-    let (mut tls_read, mut tls_write) = tokio::io::split(tls);
+    let (mut tls_read, mut tls_write) = tokio::io::split(broker_stream);
     let requests = LoginRequests::default();
     let refused = std::sync::atomic::AtomicBool::new(false);
     let up = async {
@@ -197,19 +195,24 @@ fn record_refusal(
         });
         return;
     }
+    // Plain TCP: a connection the broker ends is no refusal of this
+    // client's (it restarts, or closes an idle connection).
+    let Some(tls) = &shared.tls else {
+        return;
+    };
     match broker_ended {
         // TLS 1.3 finishes the client's side of the handshake before the
         // broker checks the client certificate: its refusal arrives here,
         // as an alert, or (Java) as the connection closing at once.
         Some(Err(error)) if rustls_error(&error).is_some() => {
             if let Some(tls_error) = rustls_error(&error) {
-                shared.fail(explain(tls_error, broker, &shared.tls));
+                shared.fail(explain(tls_error, broker, tls));
             }
         }
         Some(Ok(0) | Err(_)) => shared.fail(SecurityError::Handshake {
             broker: broker.to_owned(),
             problem: "the broker closed the connection right after the TLS handshake".to_owned(),
-            hint: if shared.tls.client.is_some() {
+            hint: if tls.client.is_some() {
                 "it refused the client certificate? check KAFKA_SSL_CERTIFICATE_LOCATION".to_owned()
             } else {
                 "it requires a client certificate? set KAFKA_SSL_CERTIFICATE_LOCATION and \

@@ -7,7 +7,6 @@ use rustls::{ClientConfig, client::WebPkiServerVerifier, pki_types::ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use super::Shared;
 use super::diagnostics::{SecurityError, explain, no_tls_answer, rustls_error};
 use super::socks5::{REPLY_FAILURE, REPLY_HOST_UNREACHABLE};
 use crate::{
@@ -77,14 +76,31 @@ pub fn client_config(tls: &KafkaTls) -> Result<ClientConfig, TlsFileError> {
 
 pub(super) type Failed = (u8, SecurityError);
 
+/// TCP to the broker, with `TCP_NODELAY` (each relayed write goes out at
+/// once).
+pub(super) async fn connect_tcp(host: &str, port: u16, broker: &str) -> Result<TcpStream, Failed> {
+    let tcp = TcpStream::connect((host, port)).await.map_err(|e| {
+        (
+            REPLY_HOST_UNREACHABLE,
+            SecurityError::Connect {
+                broker: broker.to_owned(),
+                problem: e.to_string(),
+            },
+        )
+    })?;
+    let _ = tcp.set_nodelay(true);
+    Ok(tcp)
+}
+
+/// The TLS handshake over `tcp`, verifying the broker as `host`.
 pub(super) async fn connect_tls(
+    tcp: TcpStream,
     host: &str,
-    port: u16,
     broker: &str,
-    shared: &Shared,
-) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failed> {
+    tls: &KafkaTls,
+) -> Result<Box<tokio_rustls::client::TlsStream<TcpStream>>, Failed> {
     // The files are read again for this connection (rotation).
-    let config = client_config(&shared.tls).map_err(|e| (REPLY_FAILURE, e.into()))?;
+    let config = client_config(tls).map_err(|e| (REPLY_FAILURE, e.into()))?;
     let name = ServerName::try_from(host.to_owned()).map_err(|_| {
         (
             REPLY_FAILURE,
@@ -96,22 +112,13 @@ pub(super) async fn connect_tls(
             },
         )
     })?;
-    let tcp = TcpStream::connect((host, port)).await.map_err(|e| {
-        (
-            REPLY_HOST_UNREACHABLE,
-            SecurityError::Connect {
-                broker: broker.to_owned(),
-                problem: e.to_string(),
-            },
-        )
-    })?;
-    let _ = tcp.set_nodelay(true);
     TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
+        .map(Box::new)
         .map_err(|error| {
             let failure = match rustls_error(&error) {
-                Some(tls_error) => explain(tls_error, broker, &shared.tls),
+                Some(tls_error) => explain(tls_error, broker, tls),
                 None => no_tls_answer(broker, &error.to_string()),
             };
             (REPLY_FAILURE, failure)
