@@ -92,6 +92,10 @@ pub(super) fn login_error(head: &[u8], requests: &LoginRequests) -> Option<i16> 
     Some(i16::from_be_bytes(head.get(at..at + 2)?.try_into().ok()?))
 }
 
+/// Bytes read at once on each side of a relayed connection: a loopback
+/// segment (64 KB), so a 500-record request crosses in a few reads.
+const RELAY_BUFFER: usize = 64 * 1024;
+
 /// Copies bytes both ways until both sides are done. It reads the
 /// login's error codes as they pass (a refused SASL login is reported by
 /// the broker in a response, and then rskafka closes) and a refusal into
@@ -106,7 +110,7 @@ where
     let refused = std::sync::atomic::AtomicBool::new(false);
     let up = async {
         let mut sniffer = Sniffer::default();
-        let mut buffer = vec![0u8; 16 * 1024];
+        let mut buffer = vec![0u8; RELAY_BUFFER];
         loop {
             let n = match client_read.read(&mut buffer).await {
                 Ok(0) | Err(_) => break,
@@ -138,7 +142,7 @@ where
     // reason when it asks the bridge.
     let down = async {
         let mut sniffer = Sniffer::default();
-        let mut buffer = vec![0u8; 16 * 1024];
+        let mut buffer = vec![0u8; RELAY_BUFFER];
         let mut received = 0u64;
         let ended = loop {
             let n = match tls_read.read(&mut buffer).await {
