@@ -110,12 +110,19 @@ mod tests {
         assert_eq!(socket_inode(table, elsewhere, bridge), None);
     }
 
-    #[tokio::test]
-    async fn accepts_its_own_connections_and_refuses_others() {
+    /// A connection of this process to a listener of its own: the client's
+    /// socket, the accepted one, the client's address and the listener's.
+    async fn own_connection() -> (TcpStream, TcpStream, SocketAddr, SocketAddr) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
         let client = TcpStream::connect(address).await.unwrap();
-        let (_accepted, peer) = listener.accept().await.unwrap();
+        let (accepted, peer) = listener.accept().await.unwrap();
+        (client, accepted, peer, address)
+    }
+
+    #[tokio::test]
+    async fn accepts_its_own_connections_and_refuses_others() {
+        let (client, _accepted, peer, address) = own_connection().await;
         assert!(own_socket(peer, address).unwrap().is_some());
         // A peer address no socket of this process has.
         let stranger = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
@@ -125,10 +132,7 @@ mod tests {
 
     #[tokio::test]
     async fn sets_nodelay_on_the_connecting_socket() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let client = TcpStream::connect(address).await.unwrap();
-        let (_accepted, peer) = listener.accept().await.unwrap();
+        let (client, _accepted, peer, address) = own_connection().await;
         assert!(!client.nodelay().unwrap());
         let socket = own_socket(peer, address).unwrap().unwrap();
         socket.set_nodelay().unwrap();
