@@ -45,11 +45,39 @@ pub fn run(mut command: Command, what: &str) -> Result<String> {
 }
 
 /// A free loopback port.
+///
+/// Drawn below the kernel's ephemeral range: a port inside it can be taken,
+/// while the server on it is stopped, as the local port of any outgoing
+/// connection, and the server then cannot bind it again (a Kafka node
+/// relaunched in the cluster test failed with "Address already in use" on
+/// its controller port). The kernel's own choice only when that range
+/// leaves no room below it.
 pub fn free_port() -> u16 {
+    const FLOOR: u16 = 10_000;
+    // Room for a block of consecutive ports (`free_port_block`).
+    let top = ephemeral_low().saturating_sub(64);
+    if top > FLOOR + 1_000 {
+        for _ in 0..1_000 {
+            let draw = uuid::Uuid::new_v4().as_u128() % u128::from(top - FLOOR);
+            let port = FLOOR + u16::try_from(draw).unwrap_or(0);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind a loopback port")
+}
+
+/// The first port of the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`; Linux's default 32768).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A free port whose successor is free too (Kafka's controller port).

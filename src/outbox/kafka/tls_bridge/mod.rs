@@ -242,9 +242,8 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
     let connected = tokio::time::timeout(shared.timeout, connect)
         .await
         .unwrap_or_else(|_| {
-            Err((
-                REPLY_HOST_UNREACHABLE,
-                SecurityError::Handshake {
+            let error = match shared.tls {
+                Some(_) => SecurityError::Handshake {
                     broker: broker.clone(),
                     problem: format!(
                         "no TLS handshake within KAFKA_REQUEST_TIMEOUT ({:?})",
@@ -253,7 +252,16 @@ async fn serve(mut client: TcpStream, shared: Arc<Shared>) {
                     hint: "check KAFKA_BOOTSTRAP_SERVERS and that the listener speaks TLS"
                         .to_owned(),
                 },
-            ))
+                // Plain TCP: a broker host that does not answer, no refusal.
+                None => SecurityError::Connect {
+                    broker: broker.clone(),
+                    problem: format!(
+                        "no TCP connection within KAFKA_REQUEST_TIMEOUT ({:?})",
+                        shared.timeout
+                    ),
+                },
+            };
+            Err((REPLY_HOST_UNREACHABLE, error))
         });
     let broker_stream = match connected {
         Ok(stream) => stream,
