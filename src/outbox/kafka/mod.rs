@@ -157,12 +157,11 @@ impl KafkaTransport {
             .get_or_try_init(|| TlsBridge::start(self.settings.tls.as_ref(), &self.settings))
             .await?;
         builder = builder.socks5_proxy(bridge.proxy_for_new_connect());
-        let bridge = Some(bridge);
         // A TLS or SASL refusal is reported as such, naming its setting.
         match builder.build().await {
             Ok(client) => Ok(client),
             Err(source) => Err(
-                match security_failure(&self.settings, bridge, Some(&source)) {
+                match security_failure(&self.settings, Some(bridge), Some(&source)) {
                     Some(error) => error.into(),
                     None => KafkaError::Connect {
                         servers: self.settings.bootstrap_servers.join(","),

@@ -198,7 +198,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             match own_socket(peer, shared.address) {
                 Ok(Some(socket)) => {
                     if let Err(error) = socket.set_nodelay() {
-                        tracing::debug!(%error, "Kafka bridge: rskafka's socket keeps Nagle's algorithm");
+                        tracing::debug!(%error, "Kafka TLS bridge: rskafka's socket keeps Nagle's algorithm");
                     }
                     serve(stream, shared).await;
                 }
