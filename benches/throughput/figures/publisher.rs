@@ -324,11 +324,27 @@ pub(crate) fn publisher<T: Transport>(
     Publisher::on_database(context, transport, timing(), &settings, TOPIC.into())
 }
 
-/// The project's Kafka transport, connected and with the topic's
-/// metadata read (untimed).
+/// The project's Kafka transport, connected as a running service's is
+/// (untimed): the topic's metadata read and each partition's client built
+/// with its connection to the leader, by one warm-up record per partition
+/// (a service builds them once, with its first records, and keeps them;
+/// the database side's pooled connection is open before the clock starts
+/// too).
 pub(crate) async fn warm_transport(svc: &Services) -> Result<KafkaTransport> {
     let transport = KafkaTransport::new(kafka_settings(svc));
-    transport.partitions(TOPIC).await?;
+    let partitions = transport.partitions(TOPIC).await?;
+    let warm_up = (0..partitions).map(|partition| {
+        let record = OutgoingRecord {
+            key: format!("warm-up-{partition}"),
+            value: Vec::new(),
+            headers: Headers::default(),
+            timestamp: crate::support::wall_now(),
+        };
+        transport.produce(TOPIC, partition, vec![record])
+    });
+    for result in futures_util::future::join_all(warm_up).await {
+        result?;
+    }
     Ok(transport)
 }
 

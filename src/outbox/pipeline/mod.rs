@@ -189,11 +189,13 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
     ) -> Published {
         loop {
             let now = Instant::now();
+            // The round first: the database is the pipeline's critical
+            // path, and its task starts while the requests are built.
+            self.start_round(now);
             if self.stopping.is_none() {
                 self.start_sends(now);
                 self.start_metadata(now);
             }
-            self.start_round(now);
             if self.finished(until, now) {
                 break;
             }
