@@ -6,6 +6,8 @@
 
 use std::{borrow::Cow, collections::BTreeMap};
 
+use booking_expired_proto::headers;
+
 /// Header name → UTF-8 value, sorted by name (unique names, as Kafka
 /// record headers are in rskafka). Names the worker writes are `'static`,
 /// so building a message allocates only the values.
@@ -69,26 +71,105 @@ impl Headers {
     /// Reads the JSON object the outbox stores. A value that is not a
     /// string (never written by the worker) is kept as its JSON text rather
     /// than dropped; anything but an object is an error naming what it is.
+    ///
+    /// Read straight into the map (the publisher reads every row's headers
+    /// once): the names the worker writes come back as their `'static`
+    /// strings, so a record's headers cost only their values.
     pub fn from_json(text: &[u8]) -> Result<Self, String> {
-        let value: serde_json::Value = serde_json::from_slice(text)
-            .map_err(|e| format!("the row's headers are not JSON: {e}"))?;
-        let serde_json::Value::Object(map) = value else {
-            return Err(format!(
+        match serde_json::from_slice::<Self>(text) {
+            Ok(headers) => Ok(headers),
+            Err(_) => Err(Self::describe_refusal(text)),
+        }
+    }
+
+    /// Why `text` is not a headers object, in words.
+    fn describe_refusal(text: &[u8]) -> String {
+        match serde_json::from_slice::<serde_json::Value>(text) {
+            Err(e) => format!("the row's headers are not JSON: {e}"),
+            Ok(value) => format!(
                 "the row's headers are not a JSON object: {}",
                 truncate(&value.to_string(), 80)
-            ));
-        };
-        Ok(Self(
-            map.into_iter()
-                .map(|(name, value)| {
-                    let value = match value {
+            ),
+        }
+    }
+
+    /// Name and value, owned, in name order (the transport's record
+    /// headers are built from them without copying the values).
+    pub fn into_pairs(self) -> impl Iterator<Item = (String, String)> {
+        self.0
+            .into_iter()
+            .map(|(name, value)| (name.into_owned(), value))
+    }
+}
+
+/// The header names the worker writes.
+const KNOWN_NAMES: [&str; 10] = [
+    headers::SPEC_VERSION,
+    headers::ID,
+    headers::SOURCE,
+    headers::TYPE,
+    headers::TIME,
+    headers::CONTENT_TYPE,
+    headers::CORRELATION_ID,
+    headers::TENANT_ID,
+    headers::TRACEPARENT,
+    headers::TRACESTATE,
+];
+
+/// `name` as the worker's own `'static` name when it is one.
+fn name_of(name: &str) -> Cow<'static, str> {
+    KNOWN_NAMES
+        .iter()
+        .find(|known| **known == name)
+        .map_or_else(
+            || Cow::Owned(name.to_owned()),
+            |known| Cow::Borrowed(*known),
+        )
+}
+
+/// A header name as read.
+struct Name(Cow<'static, str>);
+
+impl<'de> serde::Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Name;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a header name")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Name, E> {
+                Ok(Name(name_of(name)))
+            }
+        }
+        deserializer.deserialize_str(Visitor)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Headers {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Headers;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object of headers")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut entries: A,
+            ) -> Result<Headers, A::Error> {
+                let mut map = BTreeMap::new();
+                while let Some(Name(name)) = entries.next_key()? {
+                    let value = match entries.next_value::<serde_json::Value>()? {
                         serde_json::Value::String(s) => s,
                         other => other.to_string(),
                     };
-                    (Cow::Owned(name), value)
-                })
-                .collect(),
-        ))
+                    map.insert(name, value);
+                }
+                Ok(Headers(map))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
     }
 }
 
@@ -105,7 +186,7 @@ impl<'a> FromIterator<(&'a str, &'a str)> for Headers {
         Self(
             pairs
                 .into_iter()
-                .map(|(name, value)| (Cow::Owned(name.to_owned()), value.to_owned()))
+                .map(|(name, value)| (name_of(name), value.to_owned()))
                 .collect(),
         )
     }
@@ -124,6 +205,27 @@ mod tests {
         let json = headers.to_json();
         assert_eq!(json, r#"{"b":"\"quoted\" \\ é","ce_id":"a"}"#);
         assert_eq!(Headers::from_json(json.as_bytes()), Ok(headers));
+    }
+
+    #[test]
+    fn the_workers_names_read_back_as_its_own_and_others_as_written() {
+        let read =
+            Headers::from_json(br#"{"ce_id":"a","c\u0065_type":"t","x-other":"o","ce_id":"b"}"#)
+                .unwrap();
+        let names: Vec<(&str, bool)> = read
+            .0
+            .keys()
+            .map(|name| (name.as_ref(), matches!(name, Cow::Borrowed(_))))
+            .collect();
+        assert_eq!(
+            names,
+            [("ce_id", true), ("ce_type", true), ("x-other", false)]
+        );
+        // A repeated name keeps its last value, as a JSON object reads.
+        assert_eq!(read.get("ce_id"), Some("b"));
+        let pairs: Vec<(String, String)> = read.into_pairs().collect();
+        assert_eq!(pairs[0], ("ce_id".to_owned(), "b".to_owned()));
+        assert_eq!(pairs.len(), 3);
     }
 
     #[test]

@@ -206,8 +206,8 @@ fn to_record(record: OutgoingRecord) -> Record {
         value: Some(record.value),
         headers: record
             .headers
-            .iter()
-            .map(|(name, value)| (name.to_owned(), value.as_bytes().to_vec()))
+            .into_pairs()
+            .map(|(name, value)| (name, value.into_bytes()))
             .collect(),
         timestamp: record.timestamp,
     }
