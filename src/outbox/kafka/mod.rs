@@ -14,7 +14,6 @@
 
 mod errors;
 mod partitions;
-mod sender;
 pub mod tls_bridge;
 
 use std::sync::Arc;
@@ -27,7 +26,6 @@ use rskafka::{
     },
 };
 use tokio::sync::Mutex;
-use tracing::Instrument;
 
 pub use crate::outbox::transport::OutgoingRecord;
 use crate::{
@@ -36,7 +34,6 @@ use crate::{
     telemetry::{ErrorChain, metrics::ReasonLabel},
 };
 use partitions::PartitionClients;
-use sender::Sender;
 use tls_bridge::{TlsBridge, connect_operation, security_failure};
 
 pub use errors::{
@@ -59,16 +56,8 @@ fn single_try() -> BackoffConfig {
 }
 
 /// The publisher's connection to Kafka. Safe to share: requests of
-/// different partitions run side by side, on the sender thread
-/// (`sender.rs`).
+/// different partitions run side by side.
 pub struct KafkaTransport {
-    connections: Arc<Connections>,
-    /// Started at the first call.
-    sender: std::sync::OnceLock<Option<Sender>>,
-}
-
-/// The client and the partition clients, and how to reach the brokers.
-struct Connections {
     settings: KafkaSettings,
     /// The client (metadata connection), built at first use and dropped
     /// when it fails to reach any broker.
@@ -85,54 +74,29 @@ struct Connections {
 impl std::fmt::Debug for KafkaTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KafkaTransport")
-            .field("settings", &self.connections.settings)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
 impl KafkaTransport {
     pub fn new(settings: KafkaSettings) -> Self {
-        Self::with_reads(settings, Family::default())
-    }
-
-    fn with_reads(settings: KafkaSettings, metadata_reads: Family<ReasonLabel, Counter>) -> Self {
         Self {
-            connections: Arc::new(Connections {
-                settings,
-                client: Mutex::new(None),
-                partitions: PartitionClients::default(),
-                metadata_reads,
-                tls_bridge: tokio::sync::OnceCell::new(),
-            }),
-            sender: std::sync::OnceLock::new(),
+            settings,
+            client: Mutex::new(None),
+            partitions: PartitionClients::default(),
+            metadata_reads: Family::default(),
+            tls_bridge: tokio::sync::OnceCell::new(),
         }
     }
 
     /// Counts metadata reads into `reads` (the process's
     /// `crm_booking_expiration_kafka_metadata_refreshes_total`).
-    pub fn with_metadata_refreshes(self, reads: Family<ReasonLabel, Counter>) -> Self {
-        Self::with_reads(self.connections.settings.clone(), reads)
+    pub fn with_metadata_refreshes(mut self, reads: Family<ReasonLabel, Counter>) -> Self {
+        self.metadata_reads = reads;
+        self
     }
 
-    /// Runs `call` on the connections, on the sender thread (in place if
-    /// it could not start). `None`: the thread is gone (never while the
-    /// transport is alive).
-    async fn on_sender<F, Fut>(&self, call: F) -> Option<Fut::Output>
-    where
-        F: FnOnce(Arc<Connections>) -> Fut,
-        Fut: Future + Send + 'static,
-        Fut::Output: Send + 'static,
-    {
-        // The caller's span goes with the call (its log lines and errors).
-        let work = call(Arc::clone(&self.connections)).in_current_span();
-        match self.sender.get_or_init(Sender::start) {
-            Some(sender) => sender.run(work).await,
-            None => Some(work.await),
-        }
-    }
-}
-
-impl Connections {
     fn count_read(&self, reason: &'static str) {
         self.metadata_reads
             .get_or_create(&ReasonLabel { reason })
@@ -296,7 +260,7 @@ impl Connections {
     }
 }
 
-impl Connections {
+impl Transport for KafkaTransport {
     /// Bounded by `KAFKA_REQUEST_TIMEOUT`; a timeout drops the client (its
     /// metadata connection may be stuck on a silent broker) and says what
     /// was not answered (the TLS handshake or SASL exchange, when that is
@@ -350,35 +314,4 @@ impl Connections {
             .to_send_error()),
         }
     }
-}
-
-impl Transport for KafkaTransport {
-    async fn partitions(&self, topic: &str) -> Result<i32, SendError> {
-        let topic = topic.to_owned();
-        self.on_sender(|c| async move { c.partitions(&topic).await })
-            .await
-            .unwrap_or_else(|| Err(stopped()))
-    }
-
-    async fn produce(
-        &self,
-        topic: &str,
-        partition: i32,
-        records: Vec<OutgoingRecord>,
-    ) -> Result<(), SendError> {
-        let topic = topic.to_owned();
-        self.on_sender(|c| async move { c.produce(&topic, partition, records).await })
-            .await
-            .unwrap_or_else(|| Err(stopped()))
-    }
-}
-
-/// A call that found the sender thread gone: retriable (the transport is
-/// being dropped, nothing was sent by this call).
-fn stopped() -> SendError {
-    KafkaError::Timeout {
-        operation: "request (the Kafka sender thread stopped)",
-        timeout: std::time::Duration::ZERO,
-    }
-    .to_send_error()
 }
