@@ -102,23 +102,9 @@ impl Headers {
     }
 }
 
-/// The header names the worker writes.
-const KNOWN_NAMES: [&str; 10] = [
-    headers::SPEC_VERSION,
-    headers::ID,
-    headers::SOURCE,
-    headers::TYPE,
-    headers::TIME,
-    headers::CONTENT_TYPE,
-    headers::CORRELATION_ID,
-    headers::TENANT_ID,
-    headers::TRACEPARENT,
-    headers::TRACESTATE,
-];
-
 /// `name` as the worker's own `'static` name when it is one.
 fn name_of(name: &str) -> Cow<'static, str> {
-    KNOWN_NAMES
+    headers::ALL
         .iter()
         .find(|known| **known == name)
         .map_or_else(

@@ -168,6 +168,10 @@ mod tests {
         assert_eq!(get("tenant_id"), Some(e.tenant_id.to_string().as_str()));
         assert_eq!(get("traceparent"), trace.traceparent.as_deref());
         assert_eq!(get("tracestate"), trace.tracestate.as_deref());
+        let names: Vec<&str> = message.headers.iter().map(|(name, _)| name).collect();
+        let mut all = headers::ALL.to_vec();
+        all.sort_unstable();
+        assert_eq!(names, all, "the contract's list names every header, once");
         let untraced = outbox_message(&e, run_id, CE_SOURCE, &TraceHeaders::default());
         assert_eq!(
             untraced.headers,

@@ -58,6 +58,21 @@ pub mod headers {
     pub const TRACEPARENT: &str = "traceparent";
     /// W3C Trace Context vendor state, only when the span has one.
     pub const TRACESTATE: &str = "tracestate";
+
+    /// Every header name above (a record carries each at most once;
+    /// `tracestate` only when the span has one).
+    pub const ALL: [&str; 10] = [
+        SPEC_VERSION,
+        ID,
+        SOURCE,
+        TYPE,
+        TIME,
+        CONTENT_TYPE,
+        CORRELATION_ID,
+        TENANT_ID,
+        TRACEPARENT,
+        TRACESTATE,
+    ];
 }
 
 /// Kafka's `Utils.murmur2` (seed `0x9747b28c`), bit for bit, as a signed
