@@ -25,7 +25,11 @@ installed() { command -v pgbouncer >/dev/null 2>&1 || [[ -x /usr/sbin/pgbouncer 
 ensure_installed() {
   installed && return 0
   # Tests start several PgBouncers at once: one installs, the others wait.
-  exec 9>"${TMPDIR:-/tmp}/booking-expiration-pgbouncer-install.lock"
+  # The lock lives in the cache folder of the other test peers, not in the
+  # run's temporary folder, which a run must leave as it found it.
+  local cache="${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/booking-expiration"
+  mkdir -p "$cache"
+  exec 9>"$cache/pgbouncer-install.lock"
   flock 9
   installed && return 0
   log "pgbouncer not found; installing Debian's pgbouncer"
