@@ -70,7 +70,7 @@ pub fn checked_database(database: DatabaseSettings) -> Result<DatabaseSettings, 
 /// what needs the TLS library itself).
 pub const STARTUP_CHECKS: StartupChecks = StartupChecks {
     database: check_database,
-    kafka: outbox::kafka::tls_bridge::check,
+    kafka: outbox::kafka::security::check,
 };
 
 fn check_database(database: &DatabaseSettings) -> Result<(), ConfigError> {

@@ -1,5 +1,5 @@
 //! What TLS to PostgreSQL ([`crate::db::tls`]) and to Kafka
-//! ([`crate::outbox::kafka::tls_bridge`]) share: the pure-Rust graviola crypto
+//! ([`crate::outbox::kafka::security`]) share: the pure-Rust graviola crypto
 //! provider under rustls (no C), its CPU check, the bundled root
 //! certificates, and reading PEM certificate and key files so that an
 //! error names the setting and the path, never the file's content.

@@ -437,7 +437,7 @@ pub async fn produce_keyed(
     }
     let sends = by_partition
         .into_iter()
-        .map(|(partition, records)| transport.produce(topic, partition, records));
+        .map(|(partition, records)| transport.produce(topic, partition, partitions, records));
     for result in futures_util::future::join_all(sends).await {
         result?;
     }

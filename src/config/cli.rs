@@ -420,7 +420,7 @@ fn security_protocol(args: &KafkaArgs) -> Result<SecurityProtocol, ConfigError> 
 }
 
 /// The TLS settings of `SSL` and `SASL_SSL`. The files are checked at
-/// start by `outbox::kafka::tls_bridge::check` (and read again for every
+/// start by `outbox::kafka::security::check` (and read again for every
 /// connection).
 fn kafka_tls(
     args: &KafkaTlsArgs,

@@ -204,7 +204,6 @@ mod tests {
                 key: format!("k{id}"),
                 value: vec![],
                 headers: Headers::default(),
-                timestamp: DateTime::UNIX_EPOCH,
             },
             created_at: DateTime::UNIX_EPOCH,
             leased_at: now,

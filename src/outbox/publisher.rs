@@ -62,7 +62,12 @@ impl Publisher {
         topic: String,
     ) -> Self {
         let transport = KafkaTransport::new(kafka)
-            .with_metadata_refreshes(context.metrics.kafka_metadata_refreshes.clone());
+            .with_metadata_refreshes(context.metrics.kafka_metadata_refreshes.clone())
+            .with_throttle_metrics(super::kafka::ThrottleMetrics {
+                responses: context.metrics.kafka_throttled_responses.clone(),
+                seconds: context.metrics.kafka_throttle_seconds.clone(),
+            })
+            .with_clock(Arc::clone(&context.clock));
         Self::on_database(context, transport, timing, settings, topic)
     }
 }

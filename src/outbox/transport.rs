@@ -6,8 +6,6 @@
 
 use std::future::Future;
 
-use chrono::{DateTime, Utc};
-
 use crate::events::Headers;
 
 /// A record to produce.
@@ -17,9 +15,6 @@ pub struct OutgoingRecord {
     pub key: String,
     pub value: Vec<u8>,
     pub headers: Headers,
-    /// The record's timestamp: when it is sent (the broker bounds how far
-    /// a timestamp may be from its clock; the event's time is `ce_time`).
-    pub timestamp: DateTime<Utc>,
 }
 
 /// What the pipeline does after an error, as Kafka classifies it
@@ -62,6 +57,10 @@ impl SendError {
     }
 }
 
+/// The code of a produce refused because the topic's partition count is
+/// not the one its records were routed for.
+pub const LAYOUT_CHANGED: &str = "CLIENT_LAYOUT_CHANGED";
+
 /// Where the pipeline sends records.
 ///
 /// A generic parameter with `-> impl Future + Send` rather than a boxed
@@ -82,11 +81,17 @@ pub trait Transport: Send + Sync + 'static {
     fn partitions(&self, topic: &str) -> impl Future<Output = Result<i32, SendError>> + Send;
 
     /// Produces `records`, in order, to `partition` of `topic` with
-    /// acks = all. `Ok` when the broker acknowledged every one.
+    /// acks = all, each stamped with the time the request is built (its
+    /// create time; the event's own time is `ce_time`). `Ok` when the
+    /// broker acknowledged every one. `partitions` is the partition count
+    /// the records were routed for: when the topic has another count now,
+    /// nothing is sent and the error's code is [`LAYOUT_CHANGED`] (the
+    /// rows are to be routed again).
     fn produce(
         &self,
         topic: &str,
         partition: i32,
+        partitions: i32,
         records: Vec<OutgoingRecord>,
     ) -> impl Future<Output = Result<(), SendError>> + Send;
 }

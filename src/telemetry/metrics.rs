@@ -72,6 +72,10 @@ pub struct Metrics {
     pub outbox_produce_errors: Family<CodeLabel, Counter>,
     /// Kafka metadata lookups, by reason.
     pub kafka_metadata_refreshes: Family<ReasonLabel, Counter>,
+    /// Kafka answers that asked this client to hold its next request (a
+    /// quota), and the holds asked for in seconds.
+    pub kafka_throttled_responses: Counter,
+    pub kafka_throttle_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     /// Claimed outbox rows in this instance's partition queues (waiting or
     /// on the way), not yet acknowledged.
     pub outbox_held: Gauge,
@@ -139,6 +143,8 @@ impl Metrics {
             outbox_parked: Gauge::default(),
             outbox_produce_errors: Family::default(),
             kafka_metadata_refreshes: Family::default(),
+            kafka_throttled_responses: Counter::default(),
+            kafka_throttle_seconds: Counter::default(),
             outbox_held: Gauge::default(),
             outbox_partitions_failing: Gauge::default(),
             outbox_handoff_missed: Counter::default(),
@@ -249,6 +255,16 @@ impl Metrics {
             "crm_booking_expiration_kafka_metadata_refreshes",
             "Kafka metadata lookups by reason: connect, periodic (partition count), leader (after a failed produce)",
             metrics.kafka_metadata_refreshes.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_kafka_throttled_responses",
+            "Kafka answers that asked this client to hold its next request to that broker (a quota; the records they acknowledged stand)",
+            metrics.kafka_throttled_responses.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_kafka_throttle_seconds",
+            "Time Kafka brokers asked this client to hold its requests (quota throttling), in seconds",
+            metrics.kafka_throttle_seconds.clone(),
         );
         registry.register(
             "crm_booking_expiration_outbox_held",

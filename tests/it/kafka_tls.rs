@@ -334,10 +334,9 @@ async fn rotated_files_are_used_without_a_restart() {
         key: "k".into(),
         value: b"v".to_vec(),
         headers: Default::default(),
-        timestamp: wall_now(),
     };
     transport
-        .produce(&topic, 0, vec![record])
+        .produce(&topic, 0, 3, vec![record])
         .await
         .expect("a produce with the rotated files");
 }

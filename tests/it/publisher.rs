@@ -272,11 +272,13 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
                 key: row.message_key,
                 value: row.payload,
                 headers: row.headers.unwrap(),
-                timestamp: wall_now(),
             });
     }
     for (partition, records) in by_partition {
-        transport.produce(&topic, partition, records).await.unwrap();
+        transport
+            .produce(&topic, partition, 3, records)
+            .await
+            .unwrap();
     }
     drop(conn);
     assert_eq!(

@@ -429,7 +429,6 @@ fn one_record() -> Vec<OutgoingRecord> {
         key: "k".into(),
         value: b"v".to_vec(),
         headers: Default::default(),
-        timestamp: wall_now(),
     }]
 }
 
@@ -483,7 +482,10 @@ async fn a_call_to_a_silent_broker_returns_within_one_request_timeout() {
     for call in ["produce", "partitions"] {
         let started = Instant::now();
         let error = match call {
-            "produce" => transport.produce("t", 0, one_record()).await.unwrap_err(),
+            "produce" => transport
+                .produce("t", 0, 1, one_record())
+                .await
+                .unwrap_err(),
             _ => transport.partitions("t").await.unwrap_err(),
         };
         let took = started.elapsed();
@@ -505,7 +507,7 @@ async fn a_fresh_connection_over_a_slow_link_fits_in_one_request_timeout() {
     // The link works: with room for every step, the produce is acknowledged.
     let roomy = KafkaTransport::new(with_timeout(addr.to_string(), Duration::from_secs(20)));
     let started = Instant::now();
-    roomy.produce(&topic, 0, one_record()).await.unwrap();
+    roomy.produce(&topic, 0, 1, one_record()).await.unwrap();
     let all_steps = started.elapsed();
     eprintln!("a fresh produce over the slow link takes {all_steps:?}");
 
@@ -515,7 +517,7 @@ async fn a_fresh_connection_over_a_slow_link_fits_in_one_request_timeout() {
     let transport = KafkaTransport::new(with_timeout(addr.to_string(), timeout));
     let started = Instant::now();
     let error = transport
-        .produce(&topic, 0, one_record())
+        .produce(&topic, 0, 1, one_record())
         .await
         .unwrap_err();
     let took = started.elapsed();
@@ -544,7 +546,7 @@ async fn requests_are_not_held_back_by_nagles_algorithm() {
     // Connected, the leaders known (a new topic's may take a moment).
     let deadline = Instant::now() + Duration::from_secs(20);
     for partition in 0..3 {
-        while let Err(error) = transport.produce(&topic, partition, one_record()).await {
+        while let Err(error) = transport.produce(&topic, partition, 3, one_record()).await {
             assert!(Instant::now() < deadline, "partition {partition}: {error}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -562,10 +564,9 @@ async fn requests_are_not_held_back_by_nagles_algorithm() {
                     key: format!("k{i}"),
                     value: vec![b'v'; 1000],
                     headers: Default::default(),
-                    timestamp: wall_now(),
                 })
                 .collect();
-            transport.produce(&topic, partition, records)
+            transport.produce(&topic, partition, 3, records)
         });
         for result in futures_util::future::join_all(sends).await {
             result.unwrap();

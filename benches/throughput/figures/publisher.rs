@@ -107,6 +107,7 @@ impl Transport for InstantAck {
         &self,
         _topic: &str,
         _partition: i32,
+        _partitions: i32,
         records: Vec<OutgoingRecord>,
     ) -> Result<(), SendError> {
         drop(records);
@@ -339,9 +340,8 @@ pub(crate) async fn warm_transport(svc: &Services) -> Result<KafkaTransport> {
             key: format!("warm-up-{partition}"),
             value: Vec::new(),
             headers: Headers::default(),
-            timestamp: crate::support::wall_now(),
         };
-        transport.produce(TOPIC, partition, vec![record])
+        transport.produce(TOPIC, partition, partitions, vec![record])
     });
     for result in futures_util::future::join_all(warm_up).await {
         result?;
@@ -544,7 +544,6 @@ async fn kafka_only(svc: &Services) -> Result<(u64, f64)> {
     svc.wait_idle(TEMPLATE).await?;
     let transport = warm_transport(svc).await?;
     let records = |chunk: &[Row]| -> Result<Vec<OutgoingRecord>> {
-        let now = crate::support::wall_now();
         chunk
             .iter()
             .map(|row| {
@@ -553,7 +552,6 @@ async fn kafka_only(svc: &Services) -> Result<(u64, f64)> {
                     value: row.payload.clone(),
                     headers: Headers::from_json(row.headers.as_bytes())
                         .map_err(anyhow::Error::msg)?,
-                    timestamp: now,
                 })
             })
             .collect()

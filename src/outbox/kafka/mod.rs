@@ -1,74 +1,81 @@
-//! The Kafka transport, on rskafka: one client (its metadata connection)
-//! and one partition client per partition, each with its own connection to
-//! the partition's leader. A broker serves one request per connection at a
-//! time, so partitions that share a leader still do not queue behind each
-//! other's requests: a request waiting for a slow follower on partition 0
-//! holds up partition 0 only.
+//! The Kafka transport: connections the worker opens and owns, with
+//! rskafka's protocol layer (its codec and message types, through its
+//! `unstable-fuzzing` feature, pinned to one version) spoken over them.
 //!
-//! rskafka's own retry loops are cut to a single try (its backoff deadline
-//! is zero): every error comes back to the pipeline, which classifies it
-//! (`errors.rs`) and backs off per partition. A partition whose error puts
-//! its leader in doubt (and one whose request was abandoned: a timeout, a
-//! shutdown) has its partition client rebuilt before its next request,
-//! from metadata read afresh (`partitions.rs`).
+//! - `connection`: one broker connection: TCP with `TCP_NODELAY` and
+//!   keepalive, TLS on rustls + graviola, rskafka's `Messenger`, API
+//!   versions, SASL.
+//! - `brokers`: one produce connection per broker, shared by the
+//!   partitions it leads; each broker's throttle hold (KIP-219).
+//! - `metadata`: the topic's layout and the brokers' addresses, over a
+//!   connection of its own; read at first use, after a leader error, and
+//!   on the pipeline's slow period.
+//! - `produce`: the request (one record batch, `acks = all`, stamped when
+//!   built) and what its answer says.
+//! - `errors`: Kafka's error table and this layer's errors, classified.
+//! - `security`: TLS configuration and what a refused connection means.
+//!
+//! Every call is bounded by `KAFKA_REQUEST_TIMEOUT`, connecting included
+//! (a throttle hold, which the broker asked for, is waited out before the
+//! clock starts). Nothing is retried inside a call: every error goes back
+//! to the pipeline, which backs off per partition. An answer is never
+//! followed by a resend of the records it acknowledged: a throttled answer
+//! is a success.
+//!
+//! Why not rskafka's `Client` and `PartitionClient`: they re-send a
+//! produce the broker throttled (its records were already appended, so
+//! each resend is a duplicate, throttled in turn), open one connection per
+//! partition client, set no socket options and take TLS only through
+//! `ring` (C). Its protocol layer is public only behind a feature it marks
+//! unstable: the version is pinned exactly (`rskafka = "=0.6.0"`) and the
+//! scripted-broker tests (`tests.rs`) and the real-broker ones catch a
+//! change on upgrade.
 
+mod brokers;
+mod connection;
 mod errors;
-mod partitions;
-pub mod tls_bridge;
+mod metadata;
+mod produce;
+pub mod security;
+#[cfg(test)]
+mod tests;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use prometheus_client::metrics::{counter::Counter, family::Family};
-use rskafka::{
-    BackoffConfig,
-    client::{
-        Client, ClientBuilder, Credentials, SaslConfig, partition::Compression as KafkaCompression,
-    },
+use rskafka::protocol::{
+    messages::{CreateTopicRequest, CreateTopicsRequest},
+    primitives::{Int16, Int32, String_},
 };
-use tokio::sync::Mutex;
+use tokio::time::Instant;
 
 pub use crate::outbox::transport::OutgoingRecord;
 use crate::{
-    config::{Compression, KafkaSettings, SaslMechanism},
+    clock::{Clock, SystemClock},
+    config::KafkaSettings,
     outbox::transport::{SendError, Transport},
     telemetry::{ErrorChain, metrics::ReasonLabel},
 };
-use partitions::PartitionClients;
-use tls_bridge::{TlsBridge, connect_operation, security_failure};
+use brokers::Brokers;
+pub use brokers::ThrottleMetrics;
+use metadata::Metadata;
 
-pub use errors::{
-    Disposition, ERROR_CODES, ErrorCode, KafkaError, by_code, code_of, disposition, error_name,
-};
+pub use errors::{ERROR_CODES, ErrorCode, KafkaError, by_code, class_of, code_of, error_name};
 
 /// Pause between metadata reads while a topic just created appears.
-const TOPIC_POLL: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// rskafka's backoff: one try, no retry of its own (the first pause is
-/// never slept: the deadline is already over). rskafka needs a non-empty
-/// range to draw its pause from, hence the millisecond.
-fn single_try() -> BackoffConfig {
-    BackoffConfig {
-        init_backoff: std::time::Duration::from_millis(1),
-        max_backoff: std::time::Duration::from_millis(1),
-        base: 2.0,
-        deadline: Some(std::time::Duration::ZERO),
-    }
-}
+const TOPIC_POLL: Duration = Duration::from_millis(50);
 
 /// The publisher's connection to Kafka. Safe to share: requests of
 /// different partitions run side by side.
 pub struct KafkaTransport {
     settings: KafkaSettings,
-    /// The client (metadata connection), built at first use and dropped
-    /// when it fails to reach any broker.
-    client: Mutex<Option<Arc<Client>>>,
-    partitions: PartitionClients,
-    /// Metadata reads by reason (`connect`, `periodic`, `leader`).
+    metadata: Metadata,
+    brokers: Brokers,
+    clock: Arc<dyn Clock>,
+    /// Metadata reads for leaders (`leader`); the pipeline counts its own
+    /// (`connect`, `periodic`).
     metadata_reads: Family<ReasonLabel, Counter>,
-    /// The in-process bridge every broker connection goes through (TLS for
-    /// `SSL` and `SASL_SSL`; `TCP_NODELAY` on rskafka's sockets for all),
-    /// started at the first connect.
-    tls_bridge: tokio::sync::OnceCell<TlsBridge>,
+    throttle: ThrottleMetrics,
 }
 
 impl std::fmt::Debug for KafkaTransport {
@@ -82,11 +89,12 @@ impl std::fmt::Debug for KafkaTransport {
 impl KafkaTransport {
     pub fn new(settings: KafkaSettings) -> Self {
         Self {
+            metadata: Metadata::new(&settings),
             settings,
-            client: Mutex::new(None),
-            partitions: PartitionClients::default(),
+            brokers: Brokers::default(),
+            clock: Arc::new(SystemClock),
             metadata_reads: Family::default(),
-            tls_bridge: tokio::sync::OnceCell::new(),
+            throttle: ThrottleMetrics::default(),
         }
     }
 
@@ -97,221 +105,210 @@ impl KafkaTransport {
         self
     }
 
-    fn count_read(&self, reason: &'static str) {
-        self.metadata_reads
-            .get_or_create(&ReasonLabel { reason })
-            .inc();
+    /// Counts throttled answers into `throttle`.
+    pub fn with_throttle_metrics(mut self, throttle: ThrottleMetrics) -> Self {
+        self.throttle = throttle;
+        self
     }
 
-    fn compression(&self) -> KafkaCompression {
-        match self.settings.compression {
-            Compression::None => KafkaCompression::NoCompression,
-            Compression::Gzip => KafkaCompression::Gzip,
-            Compression::Snappy => KafkaCompression::Snappy,
-            #[cfg(feature = "kafka-lz4")]
-            Compression::Lz4 => KafkaCompression::Lz4,
-            #[cfg(feature = "kafka-zstd")]
-            Compression::Zstd => KafkaCompression::Zstd,
-        }
+    /// Stamps records with `clock`'s time (tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
     }
 
-    /// The client, connecting first when there is none.
-    async fn client(&self) -> Result<Arc<Client>, KafkaError> {
-        let mut slot = self.client.lock().await;
-        if let Some(client) = slot.as_ref() {
-            return Ok(Arc::clone(client));
-        }
-        let client = Arc::new(self.connect().await?);
-        *slot = Some(Arc::clone(&client));
-        Ok(client)
+    /// Open produce connections: at most one per broker (the metadata
+    /// connection is not counted).
+    pub fn produce_connections(&self) -> usize {
+        self.brokers.open()
     }
 
-    /// Drops the client after it failed to reach any broker: the next
-    /// call connects afresh (partition clients keep their own connections).
-    async fn forget_client(&self, failed: &Arc<Client>) {
-        let mut slot = self.client.lock().await;
-        if slot
-            .as_ref()
-            .is_some_and(|current| Arc::ptr_eq(current, failed))
-        {
-            *slot = None;
-        }
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.settings.request_timeout
     }
 
-    async fn connect(&self) -> Result<Client, KafkaError> {
-        let mut builder = ClientBuilder::new(self.settings.bootstrap_servers.clone())
-            .client_id(self.settings.client_id.clone())
-            .backoff_config(single_try());
-        if let Some(sasl) = &self.settings.sasl {
-            let credentials = Credentials::new(sasl.username.clone(), sasl.password.clone());
-            builder = builder.sasl_config(match sasl.mechanism {
-                SaslMechanism::Plain => SaslConfig::Plain(credentials),
-                SaslMechanism::ScramSha256 => SaslConfig::ScramSha256(credentials),
-                SaslMechanism::ScramSha512 => SaslConfig::ScramSha512(credentials),
-            });
+    /// The partition count of `topic`, creating the topic when it is
+    /// missing and the settings allow it.
+    async fn read_partitions(&self, topic: &str, deadline: Instant) -> Result<i32, KafkaError> {
+        match self.metadata.read(topic, &self.settings, deadline).await {
+            Ok(layout) => Ok(layout.partitions()),
+            Err(KafkaError::TopicMissing(_)) if self.settings.create_topic => {
+                self.create_topic(topic, deadline).await
+            }
+            Err(error) => {
+                if matches!(error, KafkaError::TopicMissing(_)) {
+                    self.metadata.forget(topic);
+                }
+                Err(error)
+            }
         }
-        // Every broker connection goes through the in-process bridge: TLS
-        // where configured, and `TCP_NODELAY` on rskafka's sockets always.
-        let bridge = self
-            .tls_bridge
-            .get_or_try_init(|| TlsBridge::start(self.settings.tls.as_ref(), &self.settings))
-            .await?;
-        builder = builder.socks5_proxy(bridge.proxy_for_new_connect());
-        // A TLS or SASL refusal is reported as such, naming its setting.
-        match builder.build().await {
-            Ok(client) => Ok(client),
-            Err(source) => Err(
-                match security_failure(&self.settings, Some(bridge), Some(&source)) {
-                    Some(error) => error.into(),
-                    None => KafkaError::Connect {
-                        servers: self.settings.bootstrap_servers.join(","),
-                        source,
-                    },
-                },
-            ),
-        }
-    }
-
-    /// The partition count of `topic`, or `None` when it does not exist.
-    async fn partition_count(
-        &self,
-        client: &Client,
-        topic: &str,
-    ) -> Result<Option<usize>, KafkaError> {
-        let topics = client
-            .list_topics()
-            .await
-            .map_err(|source| KafkaError::Request {
-                operation: "metadata",
-                source,
-            })?;
-        Ok(topics
-            .into_iter()
-            .find(|t| t.name == topic)
-            .map(|t| t.partitions.len()))
     }
 
     /// Creates `topic` (another instance may do so first) and waits until
-    /// the broker lists it; the caller bounds the wait.
-    async fn create_topic(
-        &self,
-        client: &Client,
-        topic: &str,
-    ) -> Result<Option<usize>, KafkaError> {
-        let request = |source| KafkaError::Request {
-            operation: "create topic",
-            source,
-        };
-        let controller = client.controller_client().map_err(request)?;
+    /// the broker lists it, by `deadline`.
+    async fn create_topic(&self, topic: &str, deadline: Instant) -> Result<i32, KafkaError> {
         let timeout_ms =
             i32::try_from(self.settings.request_timeout.as_millis()).unwrap_or(i32::MAX);
-        let created = controller
-            .create_topic(
-                topic,
-                self.settings.topic_partitions,
-                self.settings.replication_factor,
-                timeout_ms,
-            )
-            .await;
-        match created {
-            Ok(()) => tracing::info!(
+        let request = || CreateTopicsRequest {
+            topics: vec![CreateTopicRequest {
+                name: String_(topic.to_owned()),
+                num_partitions: Int32(self.settings.topic_partitions),
+                replication_factor: Int16(self.settings.replication_factor),
+                assignments: vec![],
+                configs: vec![],
+                tagged_fields: None,
+            }],
+            timeout_ms: Int32(timeout_ms),
+            validate_only: None,
+            tagged_fields: None,
+        };
+        // Sent to the broker of the metadata connection, which forwards it
+        // to the controller (KIP-590).
+        let created = self
+            .metadata
+            .on_connection(&self.settings, deadline, |connection| async move {
+                connection.request("create topic", request()).await
+            })
+            .await?;
+        match created.topics.first().and_then(|t| t.error) {
+            None => tracing::info!(
                 topic,
                 partitions = self.settings.topic_partitions,
                 "topic created"
             ),
             // Another instance may have created it first; the read below decides.
-            Err(error) => {
-                tracing::warn!(topic, error = %ErrorChain(&error), "topic creation failed")
-            }
+            Some(error) => tracing::warn!(
+                topic,
+                error = %ErrorChain(&KafkaError::Broker { operation: "create topic", error, message: created.topics.first().and_then(|t| t.error_message.clone()).and_then(|m| m.0) }),
+                "topic creation failed"
+            ),
         }
         // A broker answers CreateTopics before its metadata lists the topic.
         loop {
-            if let Some(count) = self
-                .partition_count(client, topic)
-                .await?
-                .filter(|n| *n > 0)
-            {
-                return Ok(Some(count));
+            match self.metadata.read(topic, &self.settings, deadline).await {
+                Ok(layout) => return Ok(layout.partitions()),
+                Err(KafkaError::TopicMissing(_) | KafkaError::NoPartitions(_)) => {
+                    if Instant::now() + TOPIC_POLL >= deadline {
+                        return Err(KafkaError::TopicMissing(topic.to_owned()));
+                    }
+                    tokio::time::sleep(TOPIC_POLL).await;
+                }
+                Err(error) => return Err(error),
             }
-            tokio::time::sleep(TOPIC_POLL).await;
         }
     }
 
-    async fn read_partitions(&self, topic: &str) -> Result<i32, KafkaError> {
-        let client = self.client().await?;
-        let read = async {
-            let mut count = self.partition_count(&client, topic).await?;
-            if count.is_none() && self.settings.create_topic {
-                count = self.create_topic(&client, topic).await?;
-            }
-            match count {
-                None => Err(KafkaError::TopicMissing(topic.to_owned())),
-                Some(0) => Err(KafkaError::NoPartitions(topic.to_owned())),
-                Some(n) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
+    /// One produce request to the partition's leader: its leader looked
+    /// up (read when in doubt), the broker's throttle hold waited out, the
+    /// request sent on the broker's connection and its answer read.
+    async fn produce_to(
+        &self,
+        topic: &str,
+        partition: i32,
+        routed: i32,
+        records: Vec<OutgoingRecord>,
+    ) -> Result<(), KafkaError> {
+        let lookup_deadline = self.deadline();
+        let endpoint = match self
+            .metadata
+            .leader(topic, partition, routed, &self.settings, lookup_deadline)
+            .await
+        {
+            Ok(endpoint) => endpoint,
+            Err(error) => {
+                if error.leader_suspect() {
+                    self.metadata.suspect(topic, partition);
+                }
+                return Err(error);
             }
         };
-        let result = read.await;
-        if let Err(error) = &result
-            && error.class() == crate::outbox::transport::ErrorClass::Retriable
-        {
-            self.forget_client(&client).await;
+        let broker = self.brokers.get(&endpoint);
+        broker.hold().await;
+        let deadline = self.deadline();
+        let connection = broker
+            .connection
+            .get(&endpoint, &self.settings, deadline)
+            .await
+            .inspect_err(|error| {
+                if error.leader_suspect() {
+                    self.metadata.suspect(topic, partition);
+                }
+            })?;
+        let request = produce::request(
+            topic,
+            partition,
+            records,
+            self.settings.compression,
+            self.clock.now(),
+        );
+        let answered = tokio::time::timeout_at(deadline, connection.request("produce", request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(KafkaError::Timeout {
+                    operation: format!("produce to broker {endpoint}"),
+                    timeout: self.settings.request_timeout,
+                })
+            });
+        let result = answered.and_then(|response| {
+            // Counted before the outcome: a throttled answer's records are
+            // appended (or refused) like any other's.
+            if let Some(hold) = produce::throttle(&response) {
+                broker.throttled(hold, Instant::now(), &self.throttle);
+            }
+            produce::outcome(
+                &response,
+                topic,
+                partition,
+                &connection.endpoint.to_string(),
+            )
+        });
+        if let Err(error) = &result {
+            if error.connection_suspect() {
+                broker.connection.forget(&connection);
+            }
+            if error.leader_suspect() {
+                self.metadata_reads
+                    .get_or_create(&ReasonLabel { reason: "leader" })
+                    .inc();
+                self.metadata.suspect(topic, partition);
+            }
         }
         result
     }
 }
 
 impl Transport for KafkaTransport {
-    /// Bounded by `KAFKA_REQUEST_TIMEOUT`; a timeout drops the client (its
-    /// metadata connection may be stuck on a silent broker) and says what
-    /// was not answered (the TLS handshake or SASL exchange, when that is
-    /// where it stopped).
+    /// Bounded by `KAFKA_REQUEST_TIMEOUT`, connecting included; a timeout
+    /// says which step was not answered (the TLS handshake, the SASL
+    /// exchange, the request).
     async fn partitions(&self, topic: &str) -> Result<i32, SendError> {
-        let timeout = self.settings.request_timeout;
-        match tokio::time::timeout(timeout, self.read_partitions(topic)).await {
-            Ok(result) => result.map_err(|e| e.to_send_error()),
-            Err(_) => {
-                let connected = self.client.lock().await.take().is_some();
-                let error = match security_failure(&self.settings, self.tls_bridge.get(), None) {
-                    Some(error) => error.into(),
-                    None => KafkaError::Timeout {
-                        operation: if connected {
-                            "metadata"
-                        } else {
-                            connect_operation(&self.settings)
-                        },
-                        timeout,
-                    },
-                };
-                Err(error.to_send_error())
-            }
-        }
+        let deadline = self.deadline();
+        let read = tokio::time::timeout_at(deadline, self.read_partitions(topic, deadline)).await;
+        read.unwrap_or_else(|_| {
+            Err(KafkaError::Timeout {
+                operation: "metadata".into(),
+                timeout: self.settings.request_timeout,
+            })
+        })
+        .map_err(|error| error.to_send_error())
     }
 
     /// Bounded by `KAFKA_REQUEST_TIMEOUT` (longer than the broker's own
-    /// produce timeout, so a live broker answers first); a request cut
-    /// short has its partition's leader looked up again.
+    /// produce timeout, so a live broker answers first) once the broker's
+    /// throttle hold is over; a request cut short has its connection given
+    /// up and its partition's leader looked up again.
     async fn produce(
         &self,
         topic: &str,
         partition: i32,
+        partitions: i32,
         records: Vec<OutgoingRecord>,
     ) -> Result<(), SendError> {
-        let timeout = self.settings.request_timeout;
-        let produce = self.partitions.produce(
-            || self.client(),
-            topic,
-            partition,
-            records,
-            self.compression(),
-            |reason| self.count_read(reason),
-        );
-        match tokio::time::timeout(timeout, produce).await {
-            Ok(result) => result.map_err(|e| e.to_send_error()),
-            Err(_) => Err(KafkaError::Timeout {
-                operation: "produce",
-                timeout,
-            }
-            .to_send_error()),
+        if records.is_empty() {
+            return Ok(());
         }
+        self.produce_to(topic, partition, partitions, records)
+            .await
+            .map_err(|error| error.to_send_error())
     }
 }

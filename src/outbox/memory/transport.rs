@@ -228,10 +228,25 @@ impl Transport for ScriptedTransport {
         &self,
         topic: &str,
         partition: i32,
+        partitions: i32,
         records: Vec<OutgoingRecord>,
     ) -> Result<(), SendError> {
         let key = (topic.to_owned(), partition);
         let answer = self.begin(&key);
+        // As the Kafka transport: records routed for another partition
+        // count than the topic has now are not sent.
+        if let Some(now) = self.state().topics.get(topic).copied()
+            && now != partitions
+        {
+            let _ending = Ending(self, key.clone());
+            return Err(SendError::new(
+                ErrorClass::Retriable,
+                crate::outbox::transport::LAYOUT_CHANGED,
+                format!(
+                    "topic {topic:?} has {now} partitions; the rows were routed for {partitions}"
+                ),
+            ));
+        }
         let _ending = Ending(self, key.clone());
         if records
             .iter()

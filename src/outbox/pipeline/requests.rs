@@ -11,7 +11,7 @@ use crate::outbox::{
     queues::Send,
     report::Line,
     store::Store,
-    transport::{ErrorClass, SendError, Transport},
+    transport::{ErrorClass, LAYOUT_CHANGED, SendError, Transport},
 };
 
 impl<T: Transport, S: Store> Run<'_, T, S> {
@@ -20,6 +20,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
         for Send {
             topic,
             partition,
+            partitions,
             records,
         } in self.queues.ready(now)
         {
@@ -28,7 +29,9 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             // it knows what a timeout leaves to clean up.
             self.answers.spawn(async move {
                 let started = Instant::now();
-                let result = transport.produce(&topic, partition, records).await;
+                let result = transport
+                    .produce(&topic, partition, partitions, records)
+                    .await;
                 (topic, partition, started.elapsed(), result)
             });
         }
@@ -88,6 +91,9 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             self.parked.push((row.id, reason));
         }
         if let Err(error) = &result {
+            if error.code == LAYOUT_CHANGED {
+                self.queues.read_again(&topic);
+            }
             metrics.produce_error(&error.code);
             metrics.outbox_publish_errors.inc();
             if error.class != ErrorClass::Refused {

@@ -147,9 +147,6 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 key: row.message_key,
                 value: row.payload,
                 headers,
-                // The broker bounds how far a timestamp may be from its
-                // clock: the record carries the publish time.
-                timestamp: self.parts.clock.now(),
             },
             created_at: row.created_at,
             leased_at,

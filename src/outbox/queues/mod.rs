@@ -37,6 +37,8 @@ use super::{
 pub(crate) struct Send {
     pub topic: String,
     pub partition: i32,
+    /// The partition count the records were routed for.
+    pub partitions: i32,
     pub records: Vec<OutgoingRecord>,
 }
 
@@ -201,11 +203,13 @@ impl Queues {
         let max = self.request_max;
         let mut sends = Vec::new();
         for (topic, t) in &mut self.topics {
+            let partitions = t.partitions.len() as i32;
             for (partition, queue) in t.partitions.iter_mut().enumerate() {
                 if let Some(records) = queue.take(now, max) {
                     sends.push(Send {
                         topic: topic.clone(),
                         partition: partition as i32,
+                        partitions,
                         records,
                     });
                 }

@@ -96,6 +96,18 @@ impl Queues {
         Some(name.clone())
     }
 
+    /// `topic`'s partition count is read again at the next chance: a
+    /// request found the topic laid out otherwise than its rows were
+    /// routed.
+    pub(crate) fn read_again(&mut self, topic: &str) {
+        let max_age = self.timing.metadata_max_age;
+        if let Some(t) = self.topics.get_mut(topic) {
+            // Due now, still known (the read is counted as `periodic`).
+            t.fetched_at = t.fetched_at.and_then(|at| at.checked_sub(max_age));
+            t.not_before = None;
+        }
+    }
+
     /// Whether the partition count of `topic` has been read.
     pub(crate) fn topic_known(&self, topic: &str) -> bool {
         self.topics
