@@ -16,6 +16,9 @@
 #                                               nodes 1 and 2 led by 1, ...); the partition
 #                                               count and replication factor come from LIST
 #   scripts/kafka.sh alter-topic-config PORT TOPIC KEY=VALUE[,KEY=VALUE...]
+#   scripts/kafka.sh alter-client-quota PORT CLIENT_ID KEY=VALUE[,KEY=VALUE...]
+#       (e.g. producer_byte_rate=100000: a client quota, set through the Admin
+#       API's alterClientQuotas as kafka-configs.sh does)
 #                                               set topic configs (ConfigCommand --add-config)
 #   scripts/kafka.sh list-topics PORT
 #   scripts/kafka.sh partition [--murmur2] KEY... --partitions N
@@ -629,6 +632,15 @@ cmd_alter_topic_config() {
     --alter --entity-type topics --entity-name "$2" --add-config "$3" </dev/null
 }
 
+cmd_alter_client_quota() {
+  [[ $# -eq 3 ]] || usage
+  check_port "$1"
+  ensure_libs
+  kjava org.apache.kafka.tools.ConfigCommand --bootstrap-server "127.0.0.1:$1" \
+    --command-config "$KDIR/admin-client.properties" \
+    --alter --entity-type clients --entity-name "$2" --add-config "$3" </dev/null
+}
+
 cmd_list_topics() {
   [[ $# -eq 1 ]] || usage
   check_port "$1"
@@ -683,6 +695,7 @@ main() {
     status) cmd_status "$@" ;;
     create-topic) cmd_create_topic "$@" ;;
     alter-topic-config) cmd_alter_topic_config "$@" ;;
+    alter-client-quota) cmd_alter_client_quota "$@" ;;
     list-topics) cmd_list_topics "$@" ;;
     partition) cmd_partition "$@" ;;
     produce) cmd_produce "$@" ;;

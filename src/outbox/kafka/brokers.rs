@@ -127,12 +127,15 @@ impl Broker {
         }
     }
 
-    /// Waits out the broker's throttle hold, if one is on.
-    pub(super) async fn hold(&self) {
+    /// Waits out the broker's throttle hold, if one is on; returns how
+    /// long it waited.
+    pub(super) async fn hold(&self) -> Duration {
         let until = lock(&self.throttle).until;
+        let started = Instant::now();
         if let Some(until) = until {
             tokio::time::sleep_until(until).await;
         }
+        started.elapsed()
     }
 
     /// The broker asked for `hold` before the next request, in an answer

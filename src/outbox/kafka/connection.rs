@@ -40,7 +40,9 @@ use tokio_util::either::Either;
 
 use super::{
     KafkaError,
-    security::{SecurityError, Step, handshake, mechanism_name, stalled_step},
+    security::{
+        SecurityError, Step, explain, handshake, mechanism_name, rustls_error, stalled_step,
+    },
 };
 use crate::config::{KafkaSettings, SaslMechanism};
 
@@ -156,7 +158,7 @@ impl Connection {
             tokio::time::timeout_at(deadline, messenger.do_sasl(config))
                 .await
                 .map_err(|_| step(Step::Sasl).error())?
-                .map_err(|error| sasl_failed(&broker, sasl.mechanism, error))?;
+                .map_err(|error| sasl_failed(&broker, settings, sasl.mechanism, error))?;
         }
         Ok(Self {
             messenger,
@@ -183,6 +185,31 @@ impl Connection {
                 operation,
                 broker: self.endpoint.to_string(),
                 source,
+            })
+    }
+}
+
+impl Connection {
+    /// [`Self::request`], answered by `deadline` or a timeout error
+    /// (`timeout` is the setting the deadline came from, for the message).
+    pub(super) async fn request_by<R>(
+        &self,
+        operation: &'static str,
+        request: R,
+        deadline: Instant,
+        timeout: Duration,
+    ) -> Result<R::ResponseBody, KafkaError>
+    where
+        R: RequestBody + Send + WriteVersionedType<Vec<u8>>,
+        R::ResponseBody: ReadVersionedType<Cursor<Vec<u8>>>,
+    {
+        tokio::time::timeout_at(deadline, self.request(operation, request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(KafkaError::Timeout {
+                    operation: format!("{operation} with broker {}", self.endpoint),
+                    timeout,
+                })
             })
     }
 }
@@ -241,6 +268,13 @@ fn versions_failed(
     source: SyncVersionsError,
 ) -> KafkaError {
     let protocol = settings.security_protocol();
+    // Under TLS 1.3 the broker checks the client certificate after the
+    // handshake: its refusal arrives as an alert on the first read.
+    if let Some(tls) = &settings.tls
+        && let Some(alert) = tls_alert(&source)
+    {
+        return explain(alert, broker, tls).into();
+    }
     if !protocol.tls() && first_byte.tls_record() {
         return SecurityError::NotPlaintext {
             servers: broker.to_owned(),
@@ -255,10 +289,43 @@ fn versions_failed(
     }
 }
 
+/// The TLS error under an exchange that failed, if TLS is why.
+fn tls_alert<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(tls) = error.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        if let Some(tls) = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(rustls_error)
+        {
+            return Some(tls);
+        }
+        next = match error.downcast_ref::<RequestError>() {
+            // rskafka keeps the error that broke a connection in an Arc,
+            // which `source()` does not lend out.
+            Some(RequestError::Poisoned(cause)) => Some(cause.as_ref()),
+            _ => error.source(),
+        };
+    }
+    None
+}
+
 /// SASL failed: refused credentials (or a connection closed during the
 /// login, which is how some brokers refuse), a mechanism the broker does
 /// not offer, or the connection failing on the way.
-fn sasl_failed(broker: &str, mechanism: SaslMechanism, error: SaslError) -> KafkaError {
+fn sasl_failed(
+    broker: &str,
+    settings: &KafkaSettings,
+    mechanism: SaslMechanism,
+    error: SaslError,
+) -> KafkaError {
+    if let Some(tls) = &settings.tls
+        && let Some(alert) = tls_alert(&error)
+    {
+        return explain(alert, broker, tls).into();
+    }
     let mechanism = mechanism_name(mechanism);
     match error {
         SaslError::UnsupportedSaslMechanism => SecurityError::SaslMechanism {

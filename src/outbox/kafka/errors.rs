@@ -246,21 +246,21 @@ pub enum KafkaError {
     },
     /// An exchange on an open connection failed: the connection closed or
     /// broke, or an answer could not be read.
-    #[error("Kafka {operation} with broker {broker} failed")]
+    // rskafka's errors print their own causes: the source is in the text,
+    // not chained a second time.
+    #[error("Kafka {operation} with broker {broker} failed: {source}")]
     Request {
         operation: &'static str,
         broker: String,
-        #[source]
         source: RequestError,
     },
     /// The first request of a new connection (the API versions) failed.
-    #[error("broker {broker} did not answer the first request{}", if *plaintext { " (closed at once: a TLS listener? check KAFKA_SECURITY_PROTOCOL)" } else { "" })]
+    #[error("broker {broker} did not answer the first request{}: {source}", if *plaintext { " (closed at once: a TLS listener? check KAFKA_SECURITY_PROTOCOL)" } else { "" })]
     Versions {
         broker: String,
         /// Under `PLAINTEXT` or `SASL_PLAINTEXT`: the message names the
         /// setting, as a TLS listener closing is one reason.
         plaintext: bool,
-        #[source]
         source: SyncVersionsError,
     },
     /// The broker answered with an error code.

@@ -172,7 +172,9 @@ impl Metadata {
         };
         let response = self
             .on_connection(settings, deadline, |connection| async move {
-                connection.request("metadata", request()).await
+                connection
+                    .request_by("metadata", request(), deadline, settings.request_timeout)
+                    .await
             })
             .await?;
         let layout = layout_of(topic, &response)?;
@@ -254,7 +256,10 @@ impl Metadata {
                 other => return other,
             }
         }
-        Err(last_error.unwrap_or_else(|| KafkaError::NoPartitions(String::new())))
+        Err(last_error.unwrap_or_else(|| KafkaError::Connect {
+            broker: "KAFKA_BOOTSTRAP_SERVERS".to_owned(),
+            source: std::io::Error::other("no usable bootstrap server address"),
+        }))
     }
 
     /// Where a metadata connection may go: the bootstrap servers, then the

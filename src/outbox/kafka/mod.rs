@@ -167,7 +167,14 @@ impl KafkaTransport {
         let created = self
             .metadata
             .on_connection(&self.settings, deadline, |connection| async move {
-                connection.request("create topic", request()).await
+                connection
+                    .request_by(
+                        "create topic",
+                        request(),
+                        deadline,
+                        self.settings.request_timeout,
+                    )
+                    .await
             })
             .await?;
         match created.topics.first().and_then(|t| t.error) {
@@ -208,10 +215,13 @@ impl KafkaTransport {
         routed: i32,
         records: Vec<OutgoingRecord>,
     ) -> Result<(), KafkaError> {
-        let lookup_deadline = self.deadline();
+        // One bound for the call, from its start: the lookup, a connect
+        // and the request share it. The broker's throttle hold is not
+        // counted: the broker asked for it.
+        let deadline = self.deadline();
         let endpoint = match self
             .metadata
-            .leader(topic, partition, routed, &self.settings, lookup_deadline)
+            .leader(topic, partition, routed, &self.settings, deadline)
             .await
         {
             Ok(endpoint) => endpoint,
@@ -223,8 +233,7 @@ impl KafkaTransport {
             }
         };
         let broker = self.brokers.get(&endpoint);
-        broker.hold().await;
-        let deadline = self.deadline();
+        let deadline = deadline + broker.hold().await;
         let connection = broker
             .connection
             .get(&endpoint, &self.settings, deadline)
@@ -241,14 +250,9 @@ impl KafkaTransport {
             self.settings.compression,
             self.clock.now(),
         );
-        let answered = tokio::time::timeout_at(deadline, connection.request("produce", request))
-            .await
-            .unwrap_or_else(|_| {
-                Err(KafkaError::Timeout {
-                    operation: format!("produce to broker {endpoint}"),
-                    timeout: self.settings.request_timeout,
-                })
-            });
+        let answered = connection
+            .request_by("produce", request, deadline, self.settings.request_timeout)
+            .await;
         let result = answered.and_then(|response| {
             // Counted before the outcome: a throttled answer's records are
             // appended (or refused) like any other's.
