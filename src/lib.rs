@@ -16,10 +16,9 @@
 //!   and probes for new deadlines while it sleeps.
 //! - [`outbox`]: the publisher, a per-partition pipeline (claim with a
 //!   lease, route to the partition's queue, produce, mark) behind two
-//!   seams, the broker's (`Transport`: rskafka, or scripted for tests) and
-//!   the database's (`Store`), its upkeep tasks, and the in-process TLS
-//!   bridge that carries rskafka's connections for `SSL` and `SASL_SSL`
-//!   (docs/security.md).
+//!   seams, the broker's (`Transport`: connections the worker owns,
+//!   speaking rskafka's protocol layer, or scripted for tests) and the
+//!   database's (`Store`), and its upkeep tasks.
 //! - [`tls`]: what TLS to PostgreSQL and to Kafka share: the pure-Rust
 //!   crypto provider, the bundled roots, PEM files.
 //! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.

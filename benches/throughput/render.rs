@@ -347,7 +347,7 @@ fn late_arrivals_rows(l: &LateArrivals, rows: &mut Vec<Row>) {
 fn kafka_tls_rows(k: &crate::figures::kafka_tls::KafkaTlsFigure, rows: &mut Vec<Row>) {
     rows.push(Row {
         figure: format!(
-            "Kafka produce over SASL_SSL (SCRAM-SHA-512, in-process TLS bridge) vs PLAINTEXT, KafkaTransport, {} records in batches of {} split by partition",
+            "Kafka produce over SASL_SSL (SCRAM-SHA-512) vs PLAINTEXT, KafkaTransport, {} records in batches of {} split by partition",
             k.records, k.batch
         ),
         project: rates(&k.sasl_ssl_records_per_s, "records/s"),

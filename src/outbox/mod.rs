@@ -12,7 +12,7 @@
 //!   the [`Store`] seam; the SQL is `db::outbox`.
 //! - [`transport`]: the seam to the broker ([`Transport`], classified
 //!   [`SendError`]s, no Kafka type); [`kafka`] is the real transport (its
-//!   partition clients, Kafka's error table, the TLS bridge), [`memory`]
+//!   broker connections, metadata, Kafka's error table, TLS), [`memory`]
 //!   scripted stand-ins for tests.
 //! - [`timing`]: every duration the publisher waits on, with its reason.
 //! - `report`: failures that last, logged once a minute.

@@ -329,7 +329,7 @@ async fn rotated_files_are_used_without_a_restart() {
         transport.partitions(&topic).await.expect("rotated files"),
         3
     );
-    // A produce, on its own connection to the leader, through the same bridge.
+    // A produce, on the leader's connection, opened with the rotated files.
     let record = OutgoingRecord {
         key: "k".into(),
         value: b"v".to_vec(),

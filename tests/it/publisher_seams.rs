@@ -529,16 +529,15 @@ async fn a_fresh_connection_over_a_slow_link_fits_in_one_request_timeout() {
     link.abort();
 }
 
-/// Requests are not held back by Nagle's algorithm. rskafka writes a
-/// request's length and then its body, two writes on a socket it leaves
-/// with Nagle's algorithm on, and sends the requests of every partition a
-/// broker leads over one connection: the last part of a body waited until
+/// Requests are not held back by Nagle's algorithm. rskafka's client
+/// wrote a request's length and then its body, two writes on a socket it
+/// left with Nagle's algorithm on: the last part of a body waited until
 /// the broker acknowledged what went before, and the broker, with nothing
 /// to answer yet, may delay that by 40 ms. Requests of 10 to 200 records
 /// of 1 KB to three partitions at once (around a loopback segment of
 /// 64 KB) showed it: 29 of 60 rounds took 35 ms or more (median 9.0 ms);
-/// through the bridge, which sets `TCP_NODELAY` on rskafka's sockets, none
-/// did (median 4.8 ms).
+/// with `TCP_NODELAY` set on the worker's own sockets, none did (median
+/// 4.8 ms).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_are_not_held_back_by_nagles_algorithm() {
     let topic = create_topic(3).await;

@@ -5,7 +5,7 @@
 //! - produce throughput of the publisher's Kafka leg (the project's
 //!   `KafkaTransport`, batches of the publisher's size split by partition,
 //!   no database in the loop)
-//!   over SASL_SSL (through the in-process TLS bridge) against PLAINTEXT;
+//!   over SASL_SSL (TLS on the worker's own connections) against PLAINTEXT;
 //! - connection set-up: a fresh transport's first metadata read (bootstrap
 //!   connection, metadata) over PLAINTEXT, SSL and SASL_SSL.
 

@@ -117,9 +117,10 @@ impl KafkaTransport {
         self
     }
 
-    /// Open produce connections: at most one per broker (the metadata
-    /// connection is not counted).
-    pub fn produce_connections(&self) -> usize {
+    /// Open produce connections per broker address (the metadata
+    /// connection is not counted): one per broker while requests to it do
+    /// not overlap, never more than its requests on the way at once.
+    pub fn produce_connections(&self) -> Vec<(String, usize)> {
         self.brokers.open()
     }
 
@@ -234,15 +235,16 @@ impl KafkaTransport {
         };
         let broker = self.brokers.get(&endpoint);
         let deadline = deadline + broker.hold().await;
-        let connection = broker
-            .connection
-            .get(&endpoint, &self.settings, deadline)
+        let lease = broker
+            .connections
+            .take(&endpoint, &self.settings, deadline)
             .await
             .inspect_err(|error| {
                 if error.leader_suspect() {
                     self.metadata.suspect(topic, partition);
                 }
             })?;
+        let connection = lease.connection();
         let request = produce::request(
             topic,
             partition,
@@ -266,10 +268,12 @@ impl KafkaTransport {
                 &connection.endpoint.to_string(),
             )
         });
+        // An answer (an error code included) leaves the connection idle; one
+        // that broke, answered out of turn or went silent is closed.
+        if !result.as_ref().is_err_and(KafkaError::connection_suspect) {
+            lease.give_back();
+        }
         if let Err(error) = &result {
-            if error.connection_suspect() {
-                broker.connection.forget(&connection);
-            }
             if error.leader_suspect() {
                 self.metadata_reads
                     .get_or_create(&ReasonLabel { reason: "leader" })

@@ -47,6 +47,10 @@ enum Produce {
     /// Appended, and nothing more is read from the connection until
     /// `resume` is notified (the client's writes pile up).
     AckThenStall,
+    /// Appended, answered only once `resume` is notified (a leader waiting
+    /// for a frozen follower): the connection reads nothing meanwhile, as
+    /// a broker's does.
+    Hold,
 }
 
 /// One produce request as the broker read it.
@@ -203,6 +207,10 @@ async fn serve(
                     }
                     Produce::AckThenStall => {
                         stall = true;
+                        produce_answer(&mut answer, version, partition, 0, 0)
+                    }
+                    Produce::Hold => {
+                        resume.notified().await;
                         produce_answer(&mut answer, version, partition, 0, 0)
                     }
                 }
@@ -384,40 +392,106 @@ async fn a_throttled_success_is_never_sent_again_and_holds_the_next_request() {
     assert!((throttle.seconds.get() - hold.as_secs_f64()).abs() < 1e-9);
 }
 
-/// One produce connection per broker: the requests of every partition it
-/// leads share it (the metadata connection is the other one).
+/// Requests that do not overlap share one connection per broker; requests
+/// on the way at once each have their own, so none waits behind another
+/// partition's (a broker answers a connection's requests one at a time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitions_of_one_broker_share_one_connection() {
+async fn a_connection_carries_one_request_at_a_time() {
     let broker = ScriptedBroker::start(3).await;
     let transport = broker.transport(clock());
     for round in 0..3 {
-        let sends = (0..3).map(|partition| {
-            transport.produce(
-                TOPIC,
-                partition,
-                3,
-                records([format!("{round}-{partition}")]),
-            )
-        });
-        for result in futures_util::future::join_all(sends).await {
-            result.expect("acknowledged");
+        for partition in 0..3 {
+            transport
+                .produce(
+                    TOPIC,
+                    partition,
+                    3,
+                    records([format!("{round}-{partition}")]),
+                )
+                .await
+                .expect("acknowledged");
         }
     }
-    let script = broker.script();
-    assert_eq!(script.received.len(), 9);
-    let produce_connections: std::collections::BTreeSet<usize> =
-        script.received.iter().map(|r| r.connection).collect();
-    assert_eq!(produce_connections.len(), 1, "{produce_connections:?}");
-    assert_eq!(script.connections, 2, "one for metadata, one for produce");
-    assert_eq!(script.metadata_reads, 1, "the layout read once");
-    assert_eq!(transport.produce_connections(), 1);
+    {
+        let script = broker.script();
+        let used: std::collections::BTreeSet<usize> =
+            script.received.iter().map(|r| r.connection).collect();
+        assert_eq!(used.len(), 1, "one after another, one connection: {used:?}");
+        assert_eq!(script.connections, 2, "one for metadata, one for produce");
+        assert_eq!(script.metadata_reads, 1, "the layout read once");
+    }
+    let at_once = (0..3).map(|partition| {
+        transport.produce(
+            TOPIC,
+            partition,
+            3,
+            records([format!("at-once-{partition}")]),
+        )
+    });
+    for result in futures_util::future::join_all(at_once).await {
+        result.expect("acknowledged");
+    }
+    let open = transport.produce_connections();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert!(
+        (1..=3).contains(&open[0].1),
+        "at most one per request at once: {open:?}"
+    );
 }
 
-/// A request whose future is dropped while it is half written (the
-/// broker not reading, the socket full) is finished on the wire, so the
-/// connection's framing holds and the next request on it is answered.
+/// A partition whose request waits (a leader waiting for a frozen
+/// follower) holds up no other partition of the same broker: their
+/// requests go on other connections and are answered meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_half_written_request_leaves_the_connection_usable() {
+async fn a_waiting_request_holds_up_no_other_partition_of_its_broker() {
+    let broker = ScriptedBroker::start(3).await;
+    let transport = Arc::new(broker.transport(clock()));
+    transport
+        .produce(TOPIC, 1, 3, records(["warm".to_owned()]))
+        .await
+        .expect("connected");
+    broker.answer_next([Produce::Hold]);
+    let waiting = tokio::spawn({
+        let transport = Arc::clone(&transport);
+        async move {
+            transport
+                .produce(TOPIC, 0, 3, records(["slow".to_owned()]))
+                .await
+        }
+    });
+    // The held request is on the way before the others start.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while broker.script().received.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the held request arrived");
+    for i in 0..5 {
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            transport.produce(TOPIC, 2, 3, records([format!("fast-{i}")])),
+        )
+        .await
+        .expect("not held up behind partition 0")
+        .expect("acknowledged");
+    }
+    assert!(!waiting.is_finished(), "partition 0 still waits");
+    broker.resume.notify_one();
+    waiting
+        .await
+        .expect("joined")
+        .expect("acknowledged at last");
+    let received = broker.script().received.clone();
+    assert_eq!(received.len(), 7, "each record once: {received:?}");
+}
+
+/// A request whose future is dropped half-written (the broker not
+/// reading, the socket full) is finished on the wire by rskafka, and its
+/// connection is closed rather than reused: the next request goes on a
+/// connection of its own, and every request arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_cut_short_closes_its_connection_and_the_next_goes_on() {
     let broker = ScriptedBroker::start(1).await;
     let transport = broker.transport(clock());
     broker.answer_next([Produce::AckThenStall]);
@@ -439,19 +513,28 @@ async fn a_half_written_request_leaves_the_connection_usable() {
     )
     .await;
     assert!(dropped.is_err(), "the request was cut short half-written");
+    assert_eq!(
+        transport.produce_connections(),
+        [],
+        "its connection is closed"
+    );
     broker.resume.notify_one();
     transport
         .produce(TOPIC, 0, 1, records(["after".to_owned()]))
         .await
-        .expect("the connection still frames requests");
+        .expect("a new connection");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while broker.script().received.len() < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the cut request finished on the wire");
     let script = broker.script();
-    let keys: Vec<usize> = script.received.iter().map(|r| r.keys.len()).collect();
-    assert_eq!(
-        keys,
-        [1, 64, 1],
-        "the dropped request arrived whole, then the next"
-    );
-    assert_eq!(script.connections, 2, "no new connection was needed");
+    let mut sizes: Vec<usize> = script.received.iter().map(|r| r.keys.len()).collect();
+    sizes.sort();
+    assert_eq!(sizes, [1, 1, 64], "every request arrived whole");
+    assert_eq!(script.connections, 3, "metadata, the cut one, the new one");
 }
 
 /// A connection the broker closes fails the request on it (retriable: it
