@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The whole pipeline on one machine, without Docker: a throwaway PostgreSQL and
 # Apache Kafka (as the tests start them), the topic, migrations, 10 000 synthetic
-# bookings (20 % already due, the rest due over the next minutes), the worker with
+# bookings (20 % already due, the rest due over the next 3 minutes), the worker with
 # a 5 s cycle, and a consumer that decodes the events. Every few seconds one
-# progress line: backlog per phase, expired so far, outbox lag, events consumed. At the
-# end of DEMO_DURATION it stops the worker, lets publishing drain and ends with one line
-# holding the expired count (database) and the consumed count taken at the same moment,
-# and whether they are equal (exit 1 if not).
+# progress line: backlog per phase, expired so far, outbox lag, events consumed, and
+# a few decoded events. After DEMO_DURATION (200 s by default: every seeded deadline
+# has passed by then) it stops the worker, lets publishing drain and prints one line
+# holding the expired count (database) and the consumed count taken at the same
+# moment, and whether they are equal (exit 1 if not); then it stops everything it
+# started. Its folder (logs, connect.env) is named on the first line and the last.
 # Before the worker starts it prints how to connect while the demo runs: DATABASE_URL,
 # the Kafka bootstrap address, the metrics address and a `status` command line that works
 # as it is (the same variables in $WORK/connect.env, to source from another terminal).
 #
-#   bash scripts/demo.sh                    until Ctrl-C
-#   DEMO_DURATION=90 bash scripts/demo.sh   stops by itself after 90 s (non-interactive)
+#   bash scripts/demo.sh                    stops by itself after 200 s
+#   DEMO_DURATION=90 bash scripts/demo.sh   after 90 s
+#   DEMO_DURATION=0 bash scripts/demo.sh    until Ctrl-C
 #
 # Environment:
-#   DEMO_DURATION     seconds to run after the worker started (default: until Ctrl-C)
+#   DEMO_DURATION     seconds to run after the worker started (default 200; 0 = until
+#                     Ctrl-C). With a longer DEMO_SPREAD, raise it to see every expiry.
 #   DEMO_TICK         seconds between progress lines (default 5)
 #   DEMO_ACTIVE       active bookings to seed (default 10000)
 #   DEMO_DUE_FRACTION share already due (default 0.2)
@@ -40,12 +44,52 @@ DUE_FRACTION="${DEMO_DUE_FRACTION:-0.2}"
 SPREAD="${DEMO_SPREAD:-3m}"
 INTERVAL="${DEMO_INTERVAL:-5s}"
 SHOW_EVENTS="${DEMO_SHOW_EVENTS:-2}"
-DURATION="${DEMO_DURATION:-}"
-[[ -z "$DURATION" || "$DURATION" =~ ^[0-9]+$ ]] || { echo "demo: DEMO_DURATION must be whole seconds" >&2; exit 2; }
+DURATION="${DEMO_DURATION:-200}"
+[[ "$DURATION" =~ ^[0-9]+$ ]] || { echo "demo: DEMO_DURATION must be whole seconds (0: until Ctrl-C)" >&2; exit 2; }
 
 say() { echo "$*"; }
 log() { echo "demo: $*" >&2; }
 clock() { date +%H:%M:%S; }
+
+# --- its folder ------------------------------------------------------------------------
+# Logs, connect.env, and the PostgreSQL and Kafka data (removed at the end unless
+# DEMO_KEEP=1). Named first, so it can be followed from another terminal.
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/booking-expiration-demo.XXXXXX")"
+chmod 755 "$WORK" # the postgres OS user owns the cluster inside
+say "== demo folder: $WORK (logs: worker.log, events.log, consumer.log; kept at the end)"
+started_pg="" started_kafka="" worker_pid="" consumer_pid=""
+
+# TERM (graceful), up to 15 s, then KILL.
+stop_worker() {
+  kill -TERM "$worker_pid" 2>/dev/null || true
+  for _ in $(seq 1 150); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$worker_pid" 2>/dev/null || true
+  wait "$worker_pid" 2>/dev/null || true
+  worker_pid=""
+  log "worker stopped ($(tail -n 1 "$WORK/worker.log" 2>/dev/null | cut -c1-160))"
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  echo
+  say "== stopping"
+  if [[ -n "$consumer_pid" ]] && kill -0 "$consumer_pid" 2>/dev/null; then
+    kill -TERM "$consumer_pid" 2>/dev/null || true
+    wait "$consumer_pid" 2>/dev/null || true
+  fi
+  if [[ -n "$worker_pid" ]] && kill -0 "$worker_pid" 2>/dev/null; then
+    stop_worker
+  fi
+  [[ -n "$started_kafka" ]] && { bash scripts/kafka.sh stop "$WORK/kafka" >/dev/null 2>&1 || true; log "kafka stopped"; }
+  [[ -n "$started_pg" ]] && { bash scripts/postgres.sh stop "$WORK/pg" >/dev/null 2>&1 || true; log "postgres stopped"; }
+  if [[ "${DEMO_KEEP:-0}" != 1 ]]; then rm -rf "$WORK/pg" "$WORK/kafka"; fi
+  say "== demo ended (exit $rc); its logs are in $WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # --- build ---------------------------------------------------------------------------
 say "== building (cargo build --release)"
@@ -67,44 +111,9 @@ fi
 log "built in $(( $(date +%s) - t_build )) s: $BIN${CONSUMER:+ and $CONSUMER}"
 
 # --- services ------------------------------------------------------------------------
-WORK="$(mktemp -d "${TMPDIR:-/tmp}/booking-expiration-demo.XXXXXX")"
-chmod 755 "$WORK" # the postgres OS user owns the cluster inside
-started_pg="" started_kafka="" worker_pid="" consumer_pid=""
-
-# TERM (graceful), up to 15 s, then KILL.
-stop_worker() {
-  kill -TERM "$worker_pid" 2>/dev/null || true
-  for _ in $(seq 1 150); do kill -0 "$worker_pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$worker_pid" 2>/dev/null || true
-  wait "$worker_pid" 2>/dev/null || true
-  worker_pid=""
-  log "worker stopped ($(tail -n 1 "$WORK/worker.log" 2>/dev/null | cut -c1-160))"
-}
-
-cleanup() {
-  local rc=$?
-  trap - EXIT INT TERM
-  echo
-  say "== stopping (logs: $WORK)"
-  if [[ -n "$consumer_pid" ]] && kill -0 "$consumer_pid" 2>/dev/null; then
-    kill -TERM "$consumer_pid" 2>/dev/null || true
-    wait "$consumer_pid" 2>/dev/null || true
-  fi
-  if [[ -n "$worker_pid" ]] && kill -0 "$worker_pid" 2>/dev/null; then
-    stop_worker
-  fi
-  [[ -n "$started_kafka" ]] && { bash scripts/kafka.sh stop "$WORK/kafka" >/dev/null 2>&1 || true; log "kafka stopped"; }
-  [[ -n "$started_pg" ]] && { bash scripts/postgres.sh stop "$WORK/pg" >/dev/null 2>&1 || true; log "postgres stopped"; }
-  if [[ "${DEMO_KEEP:-0}" != 1 ]]; then rm -rf "$WORK/pg" "$WORK/kafka"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
 read -r PG_PORT KAFKA_PORT METRICS_PORT < <(python3 scripts/free-port.py 3)
 
-say "== PostgreSQL on 127.0.0.1:$PG_PORT, Kafka on 127.0.0.1:$KAFKA_PORT ($WORK)"
+say "== PostgreSQL on 127.0.0.1:$PG_PORT, Kafka on 127.0.0.1:$KAFKA_PORT"
 started_pg=1
 DATABASE_URL="$(bash scripts/postgres.sh start "$WORK/pg" "$PG_PORT" 2>"$WORK/postgres-start.log")" \
   || { cat "$WORK/postgres-start.log" >&2; exit 1; }
@@ -175,7 +184,7 @@ except Exception:
 PY
 )"
   STATUS_JSON="$status_json" METRICS_TEXT="$metrics" python3 - "$1" "$WORK" "$SHOW_EVENTS" "${CONSUMER:+1}" "$consumed" <<'PY'
-import json, os, re, sys
+import json, os, re, sys, time
 elapsed, work, show = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 has_consumer = sys.argv[4] == "1"
 consumed = int(sys.argv[5])
@@ -222,9 +231,22 @@ if has_consumer:
 if st.get("poison"):
     parts.append(f"| poison {len(st['poison'])}")
 print(" ".join(parts), flush=True)
+# The consumer's line: EVENT_ID PHASE booking ID tenant ID deal ID object ID
+# expired_at Ns (pP @OFFSET). Shown with whole ids only: the event, its phase, the
+# booking, when it expired, where it is on the topic (all of it in events.log).
+event_line = re.compile(r"^(\S+) +(\S+) +booking (\S+) tenant \S+ deal \S+ object \S+ "
+                        r"expired_at (\d+)s \(p(\d+) @(\d+)\)$")
+def shown(line):
+    m = event_line.match(line)
+    if m:
+        at = time.strftime("%H:%M:%S", time.gmtime(int(m.group(4))))
+        return f"{m.group(1)} {m.group(2):<7} booking {m.group(3)} expired {at}Z p{m.group(5)} @{m.group(6)}"
+    if len(line) <= 150:
+        return line
+    return line[:150].rsplit(" ", 1)[0] + " ..."  # whole words only
 if show > 0 and events > state["events"]:
     for line in lines[state["events"]:][:show]:
-        print(f"         event: {line[:150]}")
+        print(f"         event: {shown(line)}")
     if events - state["events"] > show:
         print(f"         ... {events - state['events'] - show} more this tick")
 state.update(expired=expired, events=events)
@@ -232,8 +254,8 @@ json.dump(state, open(state_file, "w"))
 PY
 }
 
-if [[ -n "$DURATION" ]]; then
-  say "== running for ${DURATION}s (progress every ${TICK}s)"
+if [[ "$DURATION" -gt 0 ]]; then
+  say "== running for ${DURATION}s, then stopping by itself (progress every ${TICK}s; DEMO_DURATION=0: until Ctrl-C)"
 else
   say "== running until Ctrl-C (progress every ${TICK}s)"
 fi
@@ -249,7 +271,7 @@ while :; do
     exit 1
   fi
   progress "$elapsed"
-  if [[ -n "$DURATION" && "$elapsed" -ge "$DURATION" ]]; then
+  if [[ "$DURATION" -gt 0 && "$elapsed" -ge "$DURATION" ]]; then
     break
   fi
 done

@@ -13,12 +13,19 @@
 # every process whose command line or environment names that folder and
 # removes it. A failed run first keeps the logs (the servers', the tests'
 # output) in a folder of their own, says where, prints the failing tests'
-# own output and ends with their names. Then it checks that nothing is
-# left: no folder, no new booking-expiration-* entry in the temporary
-# directory, no process, no PostgreSQL shared-memory segment in /dev/shm
-# (exit 1 otherwise).
+# own output. Then it checks that nothing is left: no folder, no new
+# booking-expiration-* entry in the temporary directory, no process, no
+# PostgreSQL shared-memory segment in /dev/shm (exit 1 otherwise); the
+# segments of clusters the fault tests kill on purpose are removed first.
+#
+# The last line is one summary, counted from libtest's "test result:" lines
+# (the suite's and the long tests'):
+#   ALL PASSED: N tests in XmYs
+#   FAILED: K of N tests in XmYs: NAME, NAME, ...
+#   FAILED: no test failed (N passed) in XmYs; the run stopped while STEP
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 
 tmp_root="${TMPDIR:-/tmp}"
 ours_before="$(ls -A "$tmp_root" | grep '^booking-expiration-' || true)"
@@ -115,21 +122,44 @@ keep_logs() {
   echo "$n"
 }
 
-# The failed tests of the suite's output: "BINARY<TAB>TEST" per line,
-# BINARY as cargo names it (`tests/it/main.rs`, `unittests src/lib.rs`).
-# Read from libtest's list of names (the last "failures:" before "test
-# result: FAILED"), not from "test NAME ... FAILED" lines, which a test's
-# own output splits under --nocapture.
+# The failed tests of the suite's output: "BINARY<TAB>TEST<TAB>SHOWN" per
+# line, BINARY as cargo names it (`tests/it/main.rs`, `unittests
+# src/lib.rs`), SHOWN the test's name after its target's (`it::cli::…`,
+# `booking_expiration::config::…`). Read from libtest's list of names (the
+# last "failures:" before "test result: FAILED"), not from "test NAME ...
+# FAILED" lines, which a test's own output splits under --nocapture.
 failed_tests() {
   [[ -f "$output" ]] || return 0
   awk '
-    /^ *Running / { bin = $0; sub(/^ *Running /, "", bin); sub(/ \(.*$/, "", bin) }
+    /^ *Running / {
+      bin = $0; sub(/^ *Running /, "", bin); sub(/ \(.*$/, "", bin)
+      target = $0; sub(/^.*\/deps\//, "", target); sub(/-[0-9a-f]+\)$/, "", target)
+    }
+    /^ *Doc-tests / { bin = $0; sub(/^ */, "", bin); target = bin; sub(/^Doc-tests /, "", target); target = target " doc" }
     /^failures:$/ { n = 0; listing = 1; next }
     listing && /^    [^ ]/ { names[++n] = substr($0, 5); next }
-    /^test result: FAILED/ { for (i = 1; i <= n; i++) print bin "\t" names[i] }
+    /^test result: FAILED/ { for (i = 1; i <= n; i++) print bin "\t" names[i] "\t" target "::" names[i] }
     /^test result: / { n = 0; listing = 0 }
   ' "$output"
 }
+
+# Tests run, from libtest's "test result: ok. N passed; M failed; …" lines
+# of the suite's output (both passes): "PASSED FAILED".
+test_counts() {
+  [[ -f "$output" ]] || { echo "0 0"; return 0; }
+  awk '
+    /^test result: / {
+      for (i = 1; i <= NF; i++) {
+        if ($(i) ~ /^passed;?$/) passed += $(i - 1)
+        if ($(i) ~ /^failed;?$/) failed += $(i - 1)
+      }
+    }
+    END { printf "%d %d\n", passed, failed }
+  ' "$output"
+}
+
+# The run's wall time as XmYs.
+took() { printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)); }
 
 # Each failed test's own output (libtest's "---- NAME stdout ----" blocks),
 # at most 150 lines each (all of it is in the kept test-output.txt).
@@ -153,8 +183,9 @@ target_of() {
   esac
 }
 
+# The failures' report; its last line is the run's summary.
 report_failure() {
-  local status="$1" failed bin name n=0
+  local status="$1" passed="$2" failed_count="$3" failed bin name n=0
   failed="$(failed_tests)"
   echo >&2
   echo "== test.sh: the run failed (exit $status)" >&2
@@ -165,14 +196,16 @@ report_failure() {
     echo "test.sh: logs kept in $kept ($(find "$kept" -type f | wc -l) files: test-output.txt is the suite's whole output, pg/postgres.log PostgreSQL's, kafka/ Kafka's, tmp/ the servers the tests started)" >&2
   fi
   if [[ -z "$failed" ]]; then
-    echo "test.sh: no test failed; the run stopped while $step" >&2
+    echo "FAILED: no test failed ($passed passed) in $(took); the run stopped while $step" >&2
     return 0
   fi
-  while IFS=$'\t' read -r bin name; do
+  while IFS=$'\t' read -r bin name _; do
     n=$((n + 1))
     [[ $n -le 5 ]] && echo "test.sh: rerun: bash scripts/test.sh $(target_of "$bin") '$name' -- --exact --include-ignored" >&2
   done <<<"$failed"
-  echo "test.sh: $n test(s) failed: $(awk -F'\t' '{printf "%s%s (%s)", (NR > 1 ? ", " : ""), $2, $1}' <<<"$failed")" >&2
+  # libtest's count and the listed names agree; if not, the names decide.
+  [[ $failed_count -ge $n ]] || failed_count=$n
+  echo "FAILED: $failed_count of $((passed + failed_count)) tests in $(took): $(awk -F'\t' '{printf "%s%s", (NR > 1 ? ", " : ""), $3}' <<<"$failed")" >&2
 }
 
 # Whether a live process names `path` (another test run's work folder).
@@ -195,6 +228,8 @@ cleanup() {
   [[ -n "$started_pg" ]] && bash scripts/postgres.sh stop "$work/pg" || true
   stop_ours
   wait_tee
+  local passed failed_count
+  read -r passed failed_count < <(test_counts)
   if [[ $status -ne 0 ]]; then
     keep_logs >/dev/null
     [[ -f "$kept/test-output.txt" ]] && output="$kept/test-output.txt"
@@ -216,11 +251,13 @@ cleanup() {
   for pid in $(ours); do
     left+="process $(ps -o pid=,user=,args= -p "$pid" 2>/dev/null | cut -c1-300 || true)"$'\n'
   done
-  # Segments a killed cluster of this run left: removed, then none may remain.
+  # The fault tests kill clusters with SIGKILL on purpose, and a killed
+  # cluster cannot remove its shared memory: removing it is the normal
+  # clean-up. Only a segment that cannot be removed counts as left behind.
   orphans="$(shm_orphans)"
   if [[ -n "$orphans" ]]; then
-    echo "test.sh: removing $(wc -l <<<"$orphans") PostgreSQL segment(s) left in $shm_dir by killed clusters" >&2
     (cd "$shm_dir" && xargs rm -f -- <<<"$orphans") || true
+    echo "test.sh: cleaned up the shared memory of the PostgreSQL clusters the tests killed on purpose ($(wc -l <<<"$orphans") segment(s) in $shm_dir)" >&2
     orphans="$(shm_orphans)"
     [[ -n "$orphans" ]] && left+="$(sed "s|^|in $shm_dir: |" <<<"$orphans")"$'\n'
   fi
@@ -228,12 +265,14 @@ cleanup() {
     echo "test.sh: the run left behind:" >&2
     printf '%s' "$left" >&2
   fi
-  # The failures' report comes last, so the last line names them.
+  # The summary comes last: one line.
   if [[ $status -ne 0 ]]; then
-    report_failure "$status"
+    report_failure "$status" "$passed" "$failed_count"
   elif [[ -n "$left" ]]; then
-    echo "test.sh: every test passed, but the run left behind what is listed above" >&2
+    echo "FAILED: all $passed tests passed in $(took), but the run left behind what is listed above" >&2
     status=1
+  else
+    echo "ALL PASSED: $passed tests in $(took)" >&2
   fi
   exit "$status"
 }

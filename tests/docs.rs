@@ -16,6 +16,10 @@
 //!   unless the code sets one (`PGHOST`'s socket directory, ...), listed
 //!   here with the file that sets it. The README's table of the five
 //!   settings most people set is held to the same defaults.
+//! - The README's headline figures are rows of the figures table that the
+//!   bench's renderer (`benches/throughput/render.rs`) printed into
+//!   docs/benchmarks.md, cell for cell, its last column (the machine's
+//!   load) left out.
 //!
 //! It reads files and runs the binary's `--help` only, so it needs no
 //! server: CI runs it in its first stage with the layering check (`cargo
@@ -455,6 +459,61 @@ fn the_settings_table_matches_help() {
     }
     wrong.extend(check_defaults("README.md", &readme, &help));
     assert!(wrong.is_empty(), "defaults:\n{}", wrong.join("\n"));
+}
+
+// --- headline figures --------------------------------------------------------------
+
+/// The header cells of the first Markdown table after the heading `heading`.
+fn header_after(page: &str, heading: &str) -> Vec<String> {
+    let start = page
+        .lines()
+        .position(|line| line.trim_end() == heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let line = page
+        .lines()
+        .skip(start + 1)
+        .find(|line| line.starts_with('|'))
+        .unwrap_or_else(|| panic!("no table after {heading:?}"));
+    split_cells(line.trim().trim_start_matches('|').trim_end_matches('|'))
+}
+
+#[test]
+fn the_readme_figures_are_rows_the_bench_printed() {
+    let readme = read("README.md");
+    let benchmarks = read("docs/benchmarks.md");
+    // The figures table of the run, as render.rs prints it.
+    let printed_header = header_after(&benchmarks, "## The run");
+    assert_eq!(
+        printed_header.last().map(String::as_str),
+        Some("load 1/5/15"),
+        "docs/benchmarks.md's figures table: {printed_header:?}"
+    );
+    let columns = printed_header.len() - 1;
+    let printed: Vec<Vec<String>> = table_after(&benchmarks, "## The run")
+        .into_iter()
+        .map(|cells| cells[..columns.min(cells.len())].to_vec())
+        .collect();
+    assert_eq!(
+        header_after(&readme, "## Headline figures"),
+        printed_header[..columns],
+        "README.md's headline figures: the columns of docs/benchmarks.md's table but its last"
+    );
+    let quoted = table_after(&readme, "## Headline figures");
+    assert!(
+        quoted.len() >= 5,
+        "README.md's headline figures: {quoted:?}"
+    );
+    let missing: Vec<String> = quoted
+        .iter()
+        .filter(|row| !printed.contains(row))
+        .map(|row| row.join(" | "))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "README.md's headline figures that are no row of docs/benchmarks.md's figures table \
+         (copy the row as the bench printed it, without the load column):\n{}",
+        missing.join("\n")
+    );
 }
 
 // --- the checks' own parsers -----------------------------------------------------

@@ -19,6 +19,12 @@
 //!   is declared. Every room of a listed folder must be in its list, and
 //!   every listed room must exist.
 //!
+//! Which folders have rooms, and their order, are read from there too;
+//! nothing here repeats them. So that a change to the docs' format cannot
+//! drop a list unnoticed, the check fails when a heading under `# Layers`
+//! speaks of rooms but is not `## Rooms of `folder``, when a list names no
+//! room or a name twice, and when no folder lists rooms at all.
+//!
 //! Every `crate::`, `$crate::` and `super::` path outside comments and
 //! string literals counts, in `use` declarations and in code alike. **Test
 //! code is held to the same rules**: `#[cfg(test)]` modules are read like
@@ -43,6 +49,9 @@ struct Declared {
     layers: BTreeMap<String, usize>,
     /// Folder (`config`, `outbox::kafka`) → its rooms.
     folders: BTreeMap<String, Rooms>,
+    /// What the lists say that this check cannot read: a heading about
+    /// rooms in another form, a name listed twice.
+    unreadable: Vec<String>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -104,13 +113,22 @@ fn declared(lib: &str) -> Declared {
             rooms.allowed.extend(arrows_in(&text));
         }
         if doc.starts_with('#') {
+            let in_layers = !matches!(section, Section::None);
             section = if doc == "# Layers" {
                 Section::Layers
-            } else if let Some(folder) = doc.strip_prefix("## Rooms of ") {
-                let folder = folder.trim_matches('`').to_owned();
-                declared.folders.entry(folder.clone()).or_default();
-                Section::Rooms(folder)
+            } else if let Some(folder) = doc
+                .strip_prefix("## Rooms of `")
+                .and_then(|rest| rest.strip_suffix('`'))
+                .filter(|folder| !folder.contains([' ', '`']))
+            {
+                declared.folders.entry(folder.to_owned()).or_default();
+                Section::Rooms(folder.to_owned())
             } else {
+                if in_layers && doc.starts_with("## ") && doc.to_lowercase().contains("rooms") {
+                    declared.unreadable.push(format!(
+                        "heading {doc:?}: a list of rooms is headed \"## Rooms of `folder`\""
+                    ));
+                }
                 Section::None
             };
             continue;
@@ -131,20 +149,24 @@ fn declared(lib: &str) -> Declared {
         let Ok(number) = number.parse::<usize>() else {
             continue;
         };
-        match &section {
-            Section::Layers => {
-                for name in listed_names(names) {
-                    declared.layers.insert(name, number);
-                }
-            }
-            Section::Rooms(folder) => {
-                let rooms = declared.folders.entry(folder.clone()).or_default();
-                for name in listed_names(names) {
-                    rooms.layers.insert(name, number);
-                }
-            }
-            Section::None => {}
-        }
+        let (list, layers) = match &section {
+            Section::Layers => ("# Layers".to_owned(), &mut declared.layers),
+            Section::Rooms(folder) => (
+                format!("rooms of {folder}"),
+                &mut declared.folders.entry(folder.clone()).or_default().layers,
+            ),
+            Section::None => continue,
+        };
+        let twice: Vec<String> = listed_names(names)
+            .into_iter()
+            .filter_map(|name| {
+                let earlier = layers.insert(name.clone(), number)?;
+                Some(format!(
+                    "{list}: {name} is listed twice (layers {earlier} and {number})"
+                ))
+            })
+            .collect();
+        declared.unreadable.extend(twice);
     }
     declared
 }
@@ -564,9 +586,20 @@ fn root_imports(
     imports
 }
 
-/// Every arrow against the declared layers and rooms, one line each.
+/// Every arrow against the declared layers and rooms, one line each, after
+/// what the declaration itself lacks.
 fn violations(declared: &Declared, sources: &[Source]) -> Vec<String> {
-    let mut found = Vec::new();
+    let mut found = declared.unreadable.clone();
+    if declared.folders.is_empty() {
+        found.push("no `## Rooms of `folder`` list under `# Layers`".to_owned());
+    }
+    for (name, rooms) in &declared.folders {
+        if rooms.layers.is_empty() {
+            found.push(format!(
+                "rooms of {name}: no numbered list (`1. `room``) to read"
+            ));
+        }
+    }
     let top: BTreeSet<String> = sources
         .iter()
         .filter_map(|s| s.module().first().cloned())
@@ -703,12 +736,6 @@ fn every_path_follows_the_layers_and_rooms_the_crate_docs_list() {
             declared.layers.contains_key(module),
             "module {module} is in no layer of lib.rs's `# Layers` list: {:?}",
             declared.layers
-        );
-    }
-    for folder in ["config", "db", "expiry", "outbox"] {
-        assert!(
-            declared.folders.contains_key(folder),
-            "src/lib.rs lists no rooms of {folder}"
         );
     }
     let mut files = Vec::new();
@@ -900,6 +927,40 @@ fn every_room_is_listed_and_every_listed_room_exists() {
     );
     // A room may be a folder of its own.
     assert!(with(&[("db/pool/mod.rs", "use super::DbError;\n")]).is_empty());
+}
+
+/// A list the check cannot read fails it, so a change to the docs' format
+/// cannot drop a list unnoticed.
+#[test]
+fn a_list_that_cannot_be_read_fails_the_check() {
+    let renamed = DOCS.replace("## Rooms of `db`", "## The rooms of `db`");
+    let declared_renamed = declared(&renamed);
+    assert!(!declared_renamed.folders.contains_key("db"));
+    assert_eq!(
+        declared_renamed.unreadable,
+        vec![
+            "heading \"## The rooms of `db`\": a list of rooms is headed \"## Rooms of `folder`\""
+                .to_owned()
+        ]
+    );
+    assert_eq!(
+        declared(&DOCS.replace("//! 3. `pool`", "//! 3. `pool`, `bookings`")).unreadable,
+        vec!["rooms of db: bookings is listed twice (layers 2 and 3)".to_owned()]
+    );
+    let bulleted = DOCS
+        .replace("//! 1. `replay`", "//! - `replay`")
+        .replace("//! 2. `bookings`, `outbox`", "//! - `bookings`, `outbox`")
+        .replace("//! 3. `pool`", "//! - `pool`");
+    let sources: Vec<Source> = DB.iter().map(|(p, t)| Source::new(p, t)).collect();
+    assert!(
+        violations(&declared(&bulleted), &sources)
+            .contains(&"rooms of db: no numbered list (`1. `room``) to read".to_owned())
+    );
+    let no_rooms = DOCS.split("//! ## Rooms").next().unwrap_or_default();
+    assert_eq!(
+        violations(&declared(no_rooms), &[]),
+        vec!["no `## Rooms of `folder`` list under `# Layers`".to_owned()]
+    );
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! samples of every figure, the profile pass, the idle cycle's plans and
 //! the expiry details, all as Markdown from a [`Results`] (a fresh run's
 //! or one read back from `results.json`). docs/benchmarks.md pastes its
-//! output (README.md quotes a few rows); nothing else formats a figure.
+//! output (README.md quotes a few rows of the figures table without its
+//! load column, which tests/docs.rs holds to benchmarks.md's); nothing
+//! else formats a figure.
 
 use std::fmt::Write as _;
 
