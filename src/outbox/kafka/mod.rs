@@ -273,13 +273,13 @@ impl KafkaTransport {
         if !result.as_ref().is_err_and(KafkaError::connection_suspect) {
             lease.give_back();
         }
-        if let Err(error) = &result {
-            if error.leader_suspect() {
-                self.metadata_reads
-                    .get_or_create(&ReasonLabel { reason: "leader" })
-                    .inc();
-                self.metadata.suspect(topic, partition);
-            }
+        if let Err(error) = &result
+            && error.leader_suspect()
+        {
+            self.metadata_reads
+                .get_or_create(&ReasonLabel { reason: "leader" })
+                .inc();
+            self.metadata.suspect(topic, partition);
         }
         result
     }
