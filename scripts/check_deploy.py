@@ -55,6 +55,8 @@ COUNTERS = {
     "crm_booking_expiration_outbox_deleted": [],
     "crm_booking_expiration_outbox_produce_errors": ["code"],
     "crm_booking_expiration_kafka_metadata_refreshes": ["reason"],
+    "crm_booking_expiration_kafka_throttled_responses": [],
+    "crm_booking_expiration_kafka_throttle_seconds": [],
     "crm_booking_expiration_outbox_handoff_missed": [],
     "crm_booking_expiration_outbox_handoff_released": [],
 }
