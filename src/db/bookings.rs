@@ -375,8 +375,8 @@ pub struct ExpiryWrite {
 /// `t(…)`, `$8`-`$13` the messages' arrays ([`MessageColumns`]); then
 /// `$14` as_of, `$15` actor, `$16` run id, `$17` topic, `$18` written_at,
 /// `$19` ce_source, `$20` the outbox rows' lease in milliseconds (NULL: none;
-/// see [`outbox::Handoff`]). Returns each expired booking's id with its
-/// outbox row's id.
+/// see [`outbox::Handoff`]) and `$21` its owner. Returns each expired
+/// booking's id with its outbox row's id.
 static PERSIST_SQL: LazyLock<String> = LazyLock::new(|| {
     let queue = outbox::insert_sql(OutboxValues {
         message: "i",
@@ -385,6 +385,7 @@ static PERSIST_SQL: LazyLock<String> = LazyLock::new(|| {
         created_at: "$18",
         replay_id: "NULL",
         claimed_until: "statement_timestamp() + $20 * interval '1 millisecond'",
+        claimed_by: "$21",
         from: "FROM input i JOIN updated u ON u.id = i.id",
     });
     format!(
@@ -438,7 +439,7 @@ pub async fn persist_expiries(
     run_id: RunId,
     events: &EventSettings,
     writes: &[ExpiryWrite],
-    lease: Option<std::time::Duration>,
+    lease: Option<(std::time::Duration, outbox::LeaseOwner)>,
 ) -> Result<Vec<(Uuid, i64)>, DbError> {
     if writes.is_empty() {
         return Ok(Vec::new());
@@ -478,7 +479,8 @@ pub async fn persist_expiries(
         .bind::<Text, _>(&events.topic)
         .bind::<Timestamptz, _>(written_at)
         .bind::<Text, _>(&events.ce_source)
-        .bind::<Nullable<BigInt>, _>(lease.map(outbox::millis))
+        .bind::<Nullable<BigInt>, _>(lease.map(|(lease, _)| outbox::millis(lease)))
+        .bind::<Nullable<SqlUuid>, _>(lease.map(|(_, owner)| owner.0))
         .load(conn)
         .await?;
     Ok(updated

@@ -45,15 +45,16 @@ pub(crate) fn insert_sql(values: OutboxValues<'_>) -> String {
         created_at,
         replay_id,
         claimed_until,
+        claimed_by,
         from,
     } = values;
     format!(
         "INSERT INTO booking_expiration_outbox \
              (event_id, topic, message_key, key_hash, payload, headers, \
-              correlation_id, tenant_id, created_at, replay_id, claimed_until) \
+              correlation_id, tenant_id, created_at, replay_id, claimed_until, claimed_by) \
          SELECT {message}.event_id, {topic}, {message}.message_key, {message}.key_hash, \
                 {message}.payload, {message}.headers::json, {correlation_id}, \
-                {message}.tenant_id, {created_at}, {replay_id}, {claimed_until} \
+                {message}.tenant_id, {created_at}, {replay_id}, {claimed_until}, {claimed_by} \
          {from}"
     )
 }
@@ -70,6 +71,8 @@ pub(crate) struct OutboxValues<'a> {
     /// The lease the row is born with (`NULL`: none, any publisher may
     /// claim it), see [`Handoff`].
     pub claimed_until: &'a str,
+    /// The lease's owner (`NULL` with no lease), see [`LeaseOwner`].
+    pub claimed_by: &'a str,
     /// `FROM …` (and `WHERE …`) that yields `message`.
     pub from: &'a str,
 }
@@ -188,8 +191,30 @@ impl ClaimedRow {
 #[derive(Debug, Clone)]
 pub struct Handoff {
     pub sender: tokio::sync::mpsc::Sender<HandedRows>,
-    /// The lease the rows are written with.
+    /// The lease the rows are written with, and its owner (the publisher
+    /// the rows are handed to).
     pub lease: std::time::Duration,
+    pub owner: LeaseOwner,
+}
+
+/// The token of one publisher instance, written with every lease it holds
+/// (`claimed_by`). Renewing, releasing, marking and parking touch only the
+/// rows whose lease it holds, so an instance that was paused past its
+/// lease and comes back never changes rows another instance claimed since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseOwner(pub Uuid);
+
+impl LeaseOwner {
+    /// A new, random token.
+    pub fn new() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl Default for LeaseOwner {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 /// One committed batch's outbox rows, leased to the publisher since
@@ -295,14 +320,16 @@ const LEASE_FREE: &str = "(c.claimed_until IS NULL OR c.claimed_until < statemen
 
 /// The claim statement. `$1` the limit of the rows the partitions do not
 /// cover, `$2` the lease in milliseconds, `$3` topics to skip, `$4` the
-/// routed topics, `$5`–`$8` the partitions (topic, count, partition, room).
+/// routed topics, `$5`–`$8` the partitions (topic, count, partition, room),
+/// `$9` the lease's owner.
 /// Each listed partition is one index scan of its own (a LATERAL join over
 /// the list), stopped at its room.
 fn claim_sql() -> &'static str {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "UPDATE booking_expiration_outbox o \
-                SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond' \
+                SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond', \
+                    claimed_by = $9 \
               WHERE o.id IN ( \
                     SELECT x.id \
                       FROM unnest($5::text[], $6::int[], $7::int[], $8::int[]) AS s(topic, n, p, room) \
@@ -327,11 +354,12 @@ fn claim_sql() -> &'static str {
     &SQL
 }
 
-/// The claim statement with `claim`'s parameters, after `prefix` (empty,
-/// or an `EXPLAIN …`).
+/// The claim statement with `claim`'s parameters for `owner`, after
+/// `prefix` (empty, or an `EXPLAIN …`).
 fn claim_query(
     prefix: &str,
     claim: &Claim,
+    owner: LeaseOwner,
 ) -> diesel::query_builder::BoxedSqlQuery<'static, diesel::pg::Pg, diesel::query_builder::SqlQuery>
 {
     let parts = &claim.partitions;
@@ -350,16 +378,18 @@ fn claim_query(
                 .map(|p| i32::try_from(p.room).unwrap_or(i32::MAX))
                 .collect::<Vec<_>>(),
         )
+        .bind::<SqlUuid, _>(owner.0)
 }
 
-/// Leases the rows `claim` allows: unpublished, unparked rows that no lease
-/// holds, oldest first within each partition, skipping rows another claim
-/// is taking. Returns them oldest first.
+/// Leases the rows `claim` allows to `owner`: unpublished, unparked rows
+/// that no lease holds, oldest first within each partition, skipping rows
+/// another claim is taking. Returns them oldest first.
 pub async fn claim(
     conn: &mut AsyncPgConnection,
     claim: &Claim,
+    owner: LeaseOwner,
 ) -> Result<Vec<ClaimedRow>, DbError> {
-    let mut rows: Vec<StoredRow> = claim_query("", claim).load(conn).await?;
+    let mut rows: Vec<StoredRow> = claim_query("", claim, owner).load(conn).await?;
     // RETURNING keeps no order.
     rows.sort_unstable_by_key(|row| row.id);
     Ok(rows.into_iter().map(ClaimedRow::from).collect())
@@ -378,7 +408,7 @@ pub async fn explain_claim(
         #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
         line: String,
     }
-    let plan: Vec<Plan> = claim_query(&format!("EXPLAIN {options} "), claim)
+    let plan: Vec<Plan> = claim_query(&format!("EXPLAIN {options} "), claim, LeaseOwner::new())
         .load(conn)
         .await?;
     Ok(plan.into_iter().map(|p| p.line).collect())
@@ -389,65 +419,91 @@ pub(crate) fn millis(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Extends the leases of rows this instance still holds (their lease would
-/// end before they are sent: a partition that cannot be written).
+/// Extends the leases of `owner`'s rows among `ids` (their lease would end
+/// before they are sent: a partition that cannot be written). Returns the
+/// ids renewed: a row missing from them is no longer `owner`'s (its lease
+/// ended and another instance claimed it, or it was published), and is not
+/// to be sent by `owner` again.
 pub async fn renew(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
     lease: std::time::Duration,
-) -> Result<usize, DbError> {
-    Ok(diesel::sql_query(
+    owner: LeaseOwner,
+) -> Result<Vec<i64>, DbError> {
+    #[derive(QueryableByName)]
+    struct Renewed {
+        #[diesel(sql_type = BigInt)]
+        id: i64,
+    }
+    let renewed: Vec<Renewed> = diesel::sql_query(
         "UPDATE booking_expiration_outbox \
             SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond' \
-          WHERE id = ANY($1) AND published_at IS NULL",
+          WHERE id = ANY($1) AND published_at IS NULL AND claimed_by = $3 \
+          RETURNING id",
     )
     .bind::<Array<BigInt>, _>(ids)
     .bind::<BigInt, _>(millis(lease))
-    .execute(conn)
-    .await?)
+    .bind::<SqlUuid, _>(owner.0)
+    .load(conn)
+    .await?;
+    Ok(renewed.into_iter().map(|row| row.id).collect())
 }
 
-/// Ends the leases of rows this instance will not send (it is stopping):
-/// another instance may claim them at once.
-pub async fn release(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<usize, DbError> {
+/// Ends `owner`'s leases of `ids` (it will not send them: it is stopping,
+/// or had no room): another instance may claim them at once.
+pub async fn release(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    owner: LeaseOwner,
+) -> Result<usize, DbError> {
     Ok(diesel::sql_query(
-        "UPDATE booking_expiration_outbox SET claimed_until = NULL \
-          WHERE id = ANY($1) AND published_at IS NULL",
+        "UPDATE booking_expiration_outbox SET claimed_until = NULL, claimed_by = NULL \
+          WHERE id = ANY($1) AND published_at IS NULL AND claimed_by = $2",
     )
     .bind::<Array<BigInt>, _>(ids)
+    .bind::<SqlUuid, _>(owner.0)
     .execute(conn)
     .await?)
 }
 
-/// Marks rows published at `at`.
+/// Marks `owner`'s rows among `ids` published at `at`. A row another
+/// instance claimed since (this one was paused past the lease) is left to
+/// that instance, which sends it again: a copy, never a row marked for a
+/// request that did not carry it.
 pub async fn mark_published(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
     at: DateTime<Utc>,
+    owner: LeaseOwner,
 ) -> Result<usize, DbError> {
     Ok(diesel::sql_query(
-        "UPDATE booking_expiration_outbox SET published_at = $2 WHERE id = ANY($1)",
+        "UPDATE booking_expiration_outbox SET published_at = $2 \
+          WHERE id = ANY($1) AND claimed_by = $3",
     )
     .bind::<Array<BigInt>, _>(ids)
     .bind::<Timestamptz, _>(at)
+    .bind::<SqlUuid, _>(owner.0)
     .execute(conn)
     .await?)
 }
 
-/// Parks a row the broker will never accept as it is: the claim skips it
-/// from now on and retention keeps it.
+/// Parks `owner`'s row `id`, which the broker will never accept as it is:
+/// the claim skips it from now on and retention keeps it.
 pub async fn park(
     conn: &mut AsyncPgConnection,
     id: i64,
     reason: &str,
     at: DateTime<Utc>,
+    owner: LeaseOwner,
 ) -> Result<usize, DbError> {
     Ok(diesel::sql_query(
-        "UPDATE booking_expiration_outbox SET parked_at = $2, park_reason = $3 WHERE id = $1",
+        "UPDATE booking_expiration_outbox SET parked_at = $2, park_reason = $3 \
+          WHERE id = $1 AND claimed_by = $4",
     )
     .bind::<BigInt, _>(id)
     .bind::<Timestamptz, _>(at)
     .bind::<Text, _>(reason)
+    .bind::<SqlUuid, _>(owner.0)
     .execute(conn)
     .await?)
 }
@@ -467,7 +523,7 @@ pub async fn unpark(conn: &mut AsyncPgConnection, which: &Unpark) -> Result<usiz
         Unpark::All => {
             diesel::sql_query(
                 "UPDATE booking_expiration_outbox \
-                    SET parked_at = NULL, park_reason = NULL, claimed_until = NULL \
+                    SET parked_at = NULL, park_reason = NULL, claimed_until = NULL, claimed_by = NULL \
                   WHERE parked_at IS NOT NULL",
             )
             .execute(conn)
@@ -476,7 +532,7 @@ pub async fn unpark(conn: &mut AsyncPgConnection, which: &Unpark) -> Result<usiz
         Unpark::Events(ids) => {
             diesel::sql_query(
                 "UPDATE booking_expiration_outbox \
-                    SET parked_at = NULL, park_reason = NULL, claimed_until = NULL \
+                    SET parked_at = NULL, park_reason = NULL, claimed_until = NULL, claimed_by = NULL \
                   WHERE parked_at IS NOT NULL AND event_id = ANY($1)",
             )
             .bind::<Array<SqlUuid>, _>(ids)
@@ -522,14 +578,21 @@ pub async fn parked_rows(
     .await?)
 }
 
-/// Deletes rows (retention zero: nothing is kept once published).
-pub async fn delete_rows(conn: &mut AsyncPgConnection, ids: &[i64]) -> Result<usize, DbError> {
-    Ok(
-        diesel::sql_query("DELETE FROM booking_expiration_outbox WHERE id = ANY($1)")
-            .bind::<Array<BigInt>, _>(ids)
-            .execute(conn)
-            .await?,
+/// Deletes `owner`'s rows among `ids` (retention zero: nothing is kept
+/// once published; a row another instance claimed since is left to it, as
+/// in [`mark_published`]).
+pub async fn delete_rows(
+    conn: &mut AsyncPgConnection,
+    ids: &[i64],
+    owner: LeaseOwner,
+) -> Result<usize, DbError> {
+    Ok(diesel::sql_query(
+        "DELETE FROM booking_expiration_outbox WHERE id = ANY($1) AND claimed_by = $2",
     )
+    .bind::<Array<BigInt>, _>(ids)
+    .bind::<SqlUuid, _>(owner.0)
+    .execute(conn)
+    .await?)
 }
 
 /// Deletes up to `limit` rows published before `cutoff`; small batches keep
@@ -605,6 +668,7 @@ mod tests {
             created_at: "$3",
             replay_id: "NULL",
             claimed_until: "NULL",
+            claimed_by: "NULL",
             from: "FROM x m",
         });
         let columns = sql
@@ -617,7 +681,7 @@ mod tests {
             .and_then(|(_, rest)| rest.split_once("FROM x"))
             .map(|(list, _)| list.split(',').count())
             .unwrap();
-        assert_eq!((columns, values), (11, 11), "{sql}");
+        assert_eq!((columns, values), (12, 12), "{sql}");
         assert_eq!(
             MessageColumns::params(4),
             "$4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[], $9::uuid[]"

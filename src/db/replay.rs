@@ -332,6 +332,7 @@ static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
         created_at: "$2",
         replay_id: "$3",
         claimed_until: "NULL",
+        claimed_by: "NULL",
         from: &from,
     });
     format!("{insert} ON CONFLICT (event_id, replay_id) DO NOTHING RETURNING event_id")

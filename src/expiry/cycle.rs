@@ -465,7 +465,10 @@ impl ExpiryWorker {
                     Err(error) => result.refused.push((row.id, error)),
                 }
             }
-            let lease = self.handoff.as_ref().map(|handoff| handoff.lease);
+            let lease = self
+                .handoff
+                .as_ref()
+                .map(|handoff| (handoff.lease, handoff.owner));
             result.leased_at = lease.map(|_| tokio::time::Instant::now());
             let written_at = self.clock.now();
             let updated = bookings::persist_expiries(

@@ -44,6 +44,6 @@ pub use maintenance::{LagStats, RetentionSweep};
 pub use memory::{MemoryStore, ScriptedTransport};
 pub use pipeline::{CORRUPT_ROW, Published};
 pub use publisher::Publisher;
-pub use store::{PgStore, Round, Store};
+pub use store::{PgStore, Round, RoundResult, Store};
 pub use timing::Timing;
 pub use transport::{ErrorClass, OutgoingRecord, SendError, Transport};

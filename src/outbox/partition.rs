@@ -53,6 +53,9 @@ pub(crate) struct PartitionQueue {
     rows: VecDeque<Held>,
     /// The first `in_flight` rows are in the request on the way.
     in_flight: usize,
+    /// That request's id (its answer is matched to it by id, never by the
+    /// partition's place in a list).
+    request: u64,
     /// No request before this (the partition's backoff).
     not_before: Option<Instant>,
     retry: Backoff,
@@ -67,6 +70,7 @@ impl PartitionQueue {
         Self {
             rows: VecDeque::new(),
             in_flight: 0,
+            request: 0,
             not_before: None,
             retry: Backoff::with_rng(timing.retry_first, timing.retry_max, rng),
             failing: None,
@@ -87,15 +91,34 @@ impl PartitionQueue {
         self.in_flight > 0
     }
 
+    /// The id of the request on the way, if one is.
+    pub(crate) fn on_the_way(&self) -> Option<u64> {
+        (self.in_flight > 0).then_some(self.request)
+    }
+
+    /// Takes the rows of the request on the way out of the queue (the
+    /// topic is laid out anew: they wait for its answer elsewhere).
+    pub(crate) fn take_on_the_way(&mut self) -> Vec<Held> {
+        let sent = std::mem::take(&mut self.in_flight);
+        self.rows.drain(..sent).collect()
+    }
+
     /// The records of the next request, at most `max`, when the partition
-    /// can send now: nothing on the way, its pause over, rows waiting.
-    pub(crate) fn take(&mut self, now: Instant, max: usize) -> Option<Vec<OutgoingRecord>> {
+    /// can send now: nothing on the way, its pause over, rows waiting. The
+    /// request is known as `request` from now on.
+    pub(crate) fn take(
+        &mut self,
+        now: Instant,
+        max: usize,
+        request: u64,
+    ) -> Option<Vec<OutgoingRecord>> {
         if self.in_flight > 0 || self.rows.is_empty() || self.ready_at().is_some_and(|at| at > now)
         {
             return None;
         }
         let cap = self.split.map_or(max, |(cap, _)| cap.min(max)).max(1);
         self.in_flight = cap.min(self.rows.len());
+        self.request = request;
         Some(
             self.rows
                 .iter()
@@ -188,6 +211,21 @@ impl PartitionQueue {
     pub(crate) fn drain_waiting(&mut self) -> Vec<Held> {
         self.rows.drain(self.in_flight..).collect()
     }
+
+    /// Drops the waiting rows among `ids` (their lease is another
+    /// instance's now); returns how many. Rows on the way stay until
+    /// answered (their mark will not apply).
+    pub(crate) fn drop_waiting(&mut self, ids: &std::collections::HashSet<i64>) -> usize {
+        let before = self.rows.len();
+        let mut index = 0;
+        let in_flight = self.in_flight;
+        self.rows.retain(|row| {
+            let keep = index < in_flight || !ids.contains(&row.id);
+            index += 1;
+            keep
+        });
+        before - self.rows.len()
+    }
 }
 
 #[cfg(test)]
@@ -226,15 +264,15 @@ mod tests {
     fn one_request_at_a_time_in_order() {
         let t0 = Instant::now();
         let mut q = queue(0..5, t0);
-        assert_eq!(keys(&q.take(t0, 3).unwrap()), ["k0", "k1", "k2"]);
+        assert_eq!(keys(&q.take(t0, 3, 1).unwrap()), ["k0", "k1", "k2"]);
         assert!(
-            q.take(t0, 3).is_none(),
+            q.take(t0, 3, 1).is_none(),
             "nothing while a request is on the way"
         );
         let (acked, recovered) = q.acked();
         assert_eq!(acked.iter().map(|r| r.id).collect::<Vec<_>>(), [0, 1, 2]);
         assert!(recovered.is_none());
-        assert_eq!(keys(&q.take(t0, 3).unwrap()), ["k3", "k4"]);
+        assert_eq!(keys(&q.take(t0, 3, 1).unwrap()), ["k3", "k4"]);
     }
 
     #[test]
@@ -242,15 +280,15 @@ mod tests {
         let t0 = Instant::now();
         let timing = Timing::default();
         let mut q = queue(0..2, t0);
-        q.take(t0, 10).unwrap();
+        q.take(t0, 10, 1).unwrap();
         let error = SendError::new(ErrorClass::Retriable, "NOT_ENOUGH_REPLICAS", "x");
         assert!(matches!(q.failed(&error, t0, &timing), Failed::Retry));
         let pause = q.ready_at().unwrap() - t0;
         assert!(pause >= timing.retry_first / 2 && pause <= timing.retry_first);
-        assert!(q.take(t0 + pause / 2, 10).is_none(), "pausing");
+        assert!(q.take(t0 + pause / 2, 10, 1).is_none(), "pausing");
         assert!(q.failing().is_some());
         let later = t0 + pause;
-        assert_eq!(keys(&q.take(later, 10).unwrap()), ["k0", "k1"]);
+        assert_eq!(keys(&q.take(later, 10, 1).unwrap()), ["k0", "k1"]);
         // The pauses grow to the cap and no further.
         let mut now = later;
         for _ in 0..10 {
@@ -258,7 +296,7 @@ mod tests {
             let pause = q.ready_at().unwrap() - now;
             assert!(pause <= timing.retry_max);
             now += pause;
-            q.take(now, 10).unwrap();
+            q.take(now, 10, 1).unwrap();
         }
         let (acked, recovered) = q.acked();
         assert_eq!(acked.len(), 2);
@@ -275,14 +313,14 @@ mod tests {
         let t0 = Instant::now();
         let timing = Timing::default();
         let mut q = queue(0..1, t0);
-        q.take(t0, 10).unwrap();
+        q.take(t0, 10, 1).unwrap();
         let error = SendError::new(ErrorClass::Fatal, "TOPIC_AUTHORIZATION_FAILED", "x");
         q.failed(&error, t0, &timing);
         assert!(
-            q.take(t0 + timing.fatal_pause - Duration::from_millis(1), 10)
+            q.take(t0 + timing.fatal_pause - Duration::from_millis(1), 10, 1)
                 .is_none()
         );
-        assert!(q.take(t0 + timing.fatal_pause, 10).is_some());
+        assert!(q.take(t0 + timing.fatal_pause, 10, 1).is_some());
     }
 
     #[test]
@@ -291,13 +329,13 @@ mod tests {
         let timing = Timing::default();
         let mut q = queue(0..4, t0);
         let refused = SendError::new(ErrorClass::Refused, "MESSAGE_TOO_LARGE", "too large");
-        q.take(t0, 10).unwrap();
+        q.take(t0, 10, 1).unwrap();
         assert!(matches!(q.failed(&refused, t0, &timing), Failed::Split));
-        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k0", "k1"]);
+        assert_eq!(keys(&q.take(t0, 10, 1).unwrap()), ["k0", "k1"]);
         assert!(matches!(q.failed(&refused, t0, &timing), Failed::Split));
-        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k0"]);
+        assert_eq!(keys(&q.take(t0, 10, 1).unwrap()), ["k0"]);
         q.acked();
-        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k1"]);
+        assert_eq!(keys(&q.take(t0, 10, 1).unwrap()), ["k1"]);
         let Failed::Park {
             row: parked,
             reason,
@@ -309,12 +347,16 @@ mod tests {
             (parked.id, reason.as_str()),
             (1, "MESSAGE_TOO_LARGE: too large")
         );
-        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k2"], "still split");
+        assert_eq!(keys(&q.take(t0, 10, 1).unwrap()), ["k2"], "still split");
         q.acked();
-        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k3"]);
+        assert_eq!(keys(&q.take(t0, 10, 1).unwrap()), ["k3"]);
         q.acked();
         q.push(row(4, t0));
         q.push(row(5, t0));
-        assert_eq!(keys(&q.take(t0, 10).unwrap()), ["k4", "k5"], "whole again");
+        assert_eq!(
+            keys(&q.take(t0, 10, 1).unwrap()),
+            ["k4", "k5"],
+            "whole again"
+        );
     }
 }

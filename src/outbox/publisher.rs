@@ -121,6 +121,7 @@ impl<T: Transport, S: Store> Publisher<T, S> {
         Handoff {
             sender,
             lease: self.parts.timing.lease,
+            owner: self.parts.store.owner(),
         }
     }
 

@@ -13,7 +13,7 @@ use crate::{
     clock::Clock,
     db::{
         DbError, PgPool,
-        outbox::{self, Claim, ClaimedRow},
+        outbox::{self, Claim, ClaimedRow, LeaseOwner},
     },
 };
 
@@ -44,11 +44,27 @@ impl Round {
     }
 }
 
+/// What a round found.
+#[derive(Debug, Default)]
+pub struct RoundResult {
+    /// The claimed rows, oldest first.
+    pub claimed: Vec<ClaimedRow>,
+    /// Rows of [`Round::renew`] whose lease is no longer this instance's
+    /// (it was paused past the lease and another instance claimed them):
+    /// they are not sent by this instance again.
+    pub lost: Vec<i64>,
+}
+
 /// Where the pipeline keeps the outbox.
 pub trait Store: Send + Sync + 'static {
-    /// Runs `round` in one transaction; returns the claimed rows, oldest
-    /// first. On error nothing of it took effect.
-    fn round(&self, round: Round) -> impl Future<Output = Result<Vec<ClaimedRow>, DbError>> + Send;
+    /// Runs `round` in one transaction, touching only the rows whose lease
+    /// [`Store::owner`] holds (and claiming new ones for it). On error
+    /// nothing of it took effect.
+    fn round(&self, round: Round) -> impl Future<Output = Result<RoundResult, DbError>> + Send;
+
+    /// The token of the instance this store claims for: the owner written
+    /// with its leases.
+    fn owner(&self) -> LeaseOwner;
 }
 
 /// The outbox in PostgreSQL.
@@ -58,51 +74,71 @@ pub struct PgStore {
     clock: Arc<dyn Clock>,
     /// Retention zero: acknowledged rows are deleted, not marked.
     delete_published: bool,
+    owner: LeaseOwner,
 }
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore")
             .field("delete_published", &self.delete_published)
+            .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
 
 impl PgStore {
+    /// The outbox of one publisher instance, with a token of its own.
     pub fn new(pool: PgPool, clock: Arc<dyn Clock>, delete_published: bool) -> Self {
         Self {
             pool,
             clock,
             delete_published,
+            owner: LeaseOwner::new(),
         }
     }
 }
 
 impl Store for PgStore {
-    async fn round(&self, round: Round) -> Result<Vec<ClaimedRow>, DbError> {
+    fn owner(&self) -> LeaseOwner {
+        self.owner
+    }
+
+    async fn round(&self, round: Round) -> Result<RoundResult, DbError> {
         let mut conn = self.pool.get().await?;
         let now = self.clock.now();
+        let owner = self.owner;
         conn.transaction(async |conn| {
             if !round.published.is_empty() {
                 if self.delete_published {
-                    outbox::delete_rows(conn, &round.published).await?;
+                    outbox::delete_rows(conn, &round.published, owner).await?;
                 } else {
-                    outbox::mark_published(conn, &round.published, now).await?;
+                    outbox::mark_published(conn, &round.published, now, owner).await?;
                 }
             }
             for (id, reason) in &round.parked {
-                outbox::park(conn, *id, reason, now).await?;
+                outbox::park(conn, *id, reason, now, owner).await?;
             }
+            let mut lost = Vec::new();
             if !round.renew.is_empty() {
-                outbox::renew(conn, &round.renew, round.lease).await?;
+                let renewed = outbox::renew(conn, &round.renew, round.lease, owner).await?;
+                if renewed.len() < round.renew.len() {
+                    let renewed: std::collections::HashSet<i64> = renewed.into_iter().collect();
+                    lost = round
+                        .renew
+                        .iter()
+                        .copied()
+                        .filter(|id| !renewed.contains(id))
+                        .collect();
+                }
             }
             if !round.release.is_empty() {
-                outbox::release(conn, &round.release).await?;
+                outbox::release(conn, &round.release, owner).await?;
             }
-            match &round.claim {
-                Some(claim) => outbox::claim(conn, claim).await,
-                None => Ok(Vec::new()),
-            }
+            let claimed = match &round.claim {
+                Some(claim) => outbox::claim(conn, claim, owner).await?,
+                None => Vec::new(),
+            };
+            Ok(RoundResult { claimed, lost })
         })
         .await
     }

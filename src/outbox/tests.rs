@@ -614,3 +614,193 @@ async fn rows_handed_over_while_stopping_are_released() {
     assert_eq!(store.leased(), 0, "every row held or handed is released");
     assert_eq!(store.unpublished(), 15);
 }
+
+/// A publisher on `store` and `transport` sending `batch` records a
+/// request, spawned; its shutdown token.
+fn spawn_publisher(
+    store: MemoryStore,
+    transport: ScriptedTransport,
+    batch: u32,
+) -> (CancellationToken, JoinHandle<Published>) {
+    let settings = crate::config::PublisherSettings {
+        batch_size: batch,
+        ..Default::default()
+    };
+    let publisher = Publisher::builder(transport, store, TOPIC)
+        .settings(&settings)
+        .seed(7)
+        .build();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { publisher.run(Arc::new(Notify::new()), shutdown).await }
+    });
+    (shutdown, task)
+}
+
+/// An instance paused past its lease (its database rounds frozen 30 s, a
+/// produce on the way for 40 s as a silent broker's can be) comes back
+/// after another instance claimed its rows: its renewal finds them gone
+/// and it drops them unsent, its marks and releases leave the other's rows
+/// alone, nothing is lost and no record is written more than twice (the
+/// request it had on the way, once more by the other).
+#[tokio::test(start_paused = true)]
+async fn a_paused_instance_leaves_the_rows_another_claimed_since() {
+    let timing = Timing::default();
+    let store_a = MemoryStore::new();
+    let mut keys = Keys::default();
+    for _ in 0..6 {
+        for partition in 0..3 {
+            store_a.insert(TOPIC, &keys.of(partition, 3));
+        }
+    }
+    let transport_a = ScriptedTransport::new(TOPIC, 3);
+    // Partition 0's first request is answered only after 40 s.
+    transport_a.answer_next(TOPIC, 0, [Answer::AckAfter(Duration::from_secs(40))]);
+    let start = Instant::now();
+    let (stop_a, task_a) = spawn_publisher(store_a.clone(), transport_a.clone(), 2);
+    until("A sends partition 0", Duration::from_secs(1), || {
+        !transport_a.requests(TOPIC, 0).is_empty()
+    })
+    .await;
+    // A freezes: no round (no mark, no renewal) for 30 s.
+    let thaw = start + Duration::from_secs(30);
+    store_a.freeze_until(thaw);
+    // Its leases end; B starts and claims what A held.
+    tokio::time::sleep_until(start + timing.lease + Duration::from_secs(1)).await;
+    let store_b = store_a.another_instance();
+    let transport_b = ScriptedTransport::new(TOPIC, 3);
+    let (stop_b, task_b) = spawn_publisher(store_b.clone(), transport_b.clone(), 2);
+    until("B publishes everything", Duration::from_secs(5), || {
+        store_b.unpublished() == 0
+    })
+    .await;
+    let b_wrote = transport_b.written().len();
+    assert!(b_wrote > 0, "B took over A's rows");
+    // A thaws, its old request is answered, and it runs a while.
+    tokio::time::sleep_until(start + Duration::from_secs(60)).await;
+    let late: Vec<Instant> = (0..3)
+        .flat_map(|p| transport_a.requests(TOPIC, p))
+        .filter(|at| *at >= thaw)
+        .collect();
+    assert!(late.is_empty(), "A sent rows after it thawed: {late:?}");
+    assert_eq!(store_a.unpublished(), 0, "nothing lost");
+    assert!(store_a.parked().is_empty());
+    let mut written = transport_a.written();
+    written.extend(transport_b.written());
+    assert!(most_copies(&written) <= 2, "at most twice");
+    assert_eq!(store_a.leased(), 0, "no lease left behind");
+    stop_a.cancel();
+    stop_b.cancel();
+    task_a.await.expect("A does not panic");
+    task_b.await.expect("B does not panic");
+}
+
+/// The store's rules for a paused instance, at the seam: once another
+/// instance holds a row, the first one's renewal reports it lost, and its
+/// mark, park and release change nothing of it.
+#[tokio::test(start_paused = true)]
+async fn a_paused_instances_renew_release_and_mark_touch_only_its_rows() {
+    use crate::{
+        db::outbox::Claim,
+        outbox::store::{Round, Store},
+    };
+    let lease = Duration::from_secs(15);
+    let store_a = MemoryStore::new();
+    let store_b = store_a.another_instance();
+    let ids: Vec<i64> = (0..4)
+        .map(|i| store_a.insert(TOPIC, &format!("k{i}")))
+        .collect();
+    let claim = || {
+        Some(Claim {
+            limit: 10,
+            lease,
+            ..Claim::default()
+        })
+    };
+    let round = |claim| Round {
+        lease,
+        claim,
+        ..Round::default()
+    };
+    let a = store_a.round(round(claim())).await.expect("in memory");
+    assert_eq!(a.claimed.len(), 4);
+    tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    let b = store_b.round(round(claim())).await.expect("in memory");
+    assert_eq!(b.claimed.len(), 4, "A's leases ended: B claims");
+    let late = store_a
+        .round(Round {
+            published: vec![ids[0]],
+            parked: vec![(ids[1], "refused".into())],
+            renew: vec![ids[2], ids[3]],
+            release: vec![ids[3]],
+            lease,
+            claim: None,
+        })
+        .await
+        .expect("in memory");
+    assert_eq!(late.lost, [ids[2], ids[3]], "renewal reports them lost");
+    assert_eq!(store_a.published(), 0, "A's mark changed nothing");
+    assert!(store_a.parked().is_empty(), "A's park changed nothing");
+    assert_eq!(store_a.leased(), 4, "B's leases stand");
+}
+
+/// The topic created again with fewer partitions while requests are on
+/// the way: each answer completes the request that carried it, matched by
+/// its id (never by the partition's place in a list that changed), so
+/// only rows the broker acknowledged are marked published, the rows of a
+/// request that failed are routed again by the new count, and nothing is
+/// lost.
+#[tokio::test(start_paused = true)]
+async fn a_topic_laid_out_anew_under_requests_marks_only_what_was_acknowledged() {
+    let timing = Timing {
+        metadata_max_age: Duration::from_millis(500),
+        ..Timing::default()
+    };
+    let mut rig = Rig::start(3, 8000, timing);
+    rig.transport.set_timeout(Duration::from_secs(3));
+    // Partition 0's request is acknowledged after 2 s, partition 2's is
+    // never answered (it times out after 3 s); partition 1 at once.
+    rig.transport
+        .answer_next(TOPIC, 0, [Answer::AckAfter(Duration::from_secs(2))]);
+    rig.transport.answer_next(TOPIC, 2, [Answer::Hang]);
+    rig.commit(5);
+    until("requests on the way", Duration::from_secs(1), || {
+        !rig.transport.requests(TOPIC, 0).is_empty() && !rig.transport.requests(TOPIC, 2).is_empty()
+    })
+    .await;
+    // Deleted and created again with 2 partitions; the next metadata read
+    // (within 500 ms) sees it while both requests are on the way.
+    rig.transport.set_partitions(TOPIC, 2);
+    until("everything published", Duration::from_secs(10), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    let mut written: Vec<String> = rig
+        .transport
+        .written()
+        .into_iter()
+        .map(|w| w.record.key)
+        .collect();
+    written.sort();
+    written.dedup();
+    assert_eq!(
+        rig.store.published_keys(),
+        written,
+        "marked published exactly the rows the broker acknowledged"
+    );
+    assert_eq!(written.len(), 15, "nothing lost");
+    assert!(most_copies(&rig.transport.written()) <= 2);
+    // Each record went where its key maps in the layout its request was
+    // routed for: the old one (3) or the new one (2), never a mix.
+    for w in rig.transport.written() {
+        let under = |n| booking_expired_proto::partition_for_key(w.record.key.as_bytes(), n);
+        assert!(
+            w.partition == under(3) || w.partition == under(2),
+            "{} written to partition {}",
+            w.record.key,
+            w.partition
+        );
+    }
+    rig.stop().await;
+}

@@ -197,6 +197,7 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         partition,
         room: 100,
     };
+    let owner = outbox::LeaseOwner::new();
     let claim = Claim {
         limit: 100,
         lease: Duration::from_secs(15),
@@ -218,14 +219,17 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         "{}",
         text.join("\n")
     );
-    let claimed = outbox::claim(&mut conn, &claim).await.unwrap();
+    let claimed = outbox::claim(&mut conn, &claim, owner).await.unwrap();
     assert_eq!(
         claimed.len(),
         50,
         "parked and published rows are not claimed"
     );
     assert!(
-        outbox::claim(&mut conn, &claim).await.unwrap().is_empty(),
+        outbox::claim(&mut conn, &claim, owner)
+            .await
+            .unwrap()
+            .is_empty(),
         "leased rows are not claimed again"
     );
 
@@ -242,7 +246,7 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
          FROM generate_series(1, 1010) AS g",
     )
     .await;
-    let claimed = outbox::claim(&mut conn, &claim).await.unwrap();
+    let claimed = outbox::claim(&mut conn, &claim, owner).await.unwrap();
     let odd = claimed
         .iter()
         .filter(|r| r.key_hash.is_some_and(|h| h % 2 == 1))

@@ -260,7 +260,9 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
         lease: Duration::from_secs(3),
         ..Claim::default()
     };
-    let rows = outbox::claim(&mut conn, &claim).await.unwrap();
+    let rows = outbox::claim(&mut conn, &claim, outbox::LeaseOwner::new())
+        .await
+        .unwrap();
     assert_eq!(rows.len(), 100);
     let transport = KafkaTransport::new(kafka_settings(kafka_bootstrap()));
     let mut by_partition: BTreeMap<i32, Vec<OutgoingRecord>> = BTreeMap::new();

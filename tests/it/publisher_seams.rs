@@ -588,3 +588,64 @@ async fn requests_are_not_held_back_by_nagles_algorithm() {
         "{held} of {rounds} rounds took 35 ms or more: {took:?}"
     );
 }
+
+/// Every lease has an owner, in SQL: an instance paused past its lease
+/// comes back after another claimed its rows; its renewal reports them
+/// lost, and its mark, park and release leave the other's rows as they
+/// are (claimed by the other, unpublished, unparked, leased).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_instance_changes_nothing_of_the_rows_another_claimed() {
+    use booking_expiration::{
+        clock::SystemClock,
+        db::outbox::Claim,
+        outbox::{PgStore, Round, Store},
+    };
+    let db = TestDb::new().await;
+    expire_into_outbox(&db, 4, TOPIC).await;
+    let store = || PgStore::new(db.pool.clone(), Arc::new(SystemClock), false);
+    let (a, b) = (store(), store());
+    let short = Duration::from_millis(500);
+    let claim = |lease| Round {
+        lease,
+        claim: Some(Claim {
+            limit: 10,
+            lease,
+            ..Claim::default()
+        }),
+        ..Round::default()
+    };
+    let held_by_a = a.round(claim(short)).await.unwrap().claimed;
+    assert_eq!(held_by_a.len(), 4);
+    let ids: Vec<i64> = held_by_a.iter().map(|row| row.id).collect();
+    tokio::time::sleep(short + Duration::from_millis(200)).await;
+    let held_by_b = b
+        .round(claim(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .claimed;
+    assert_eq!(held_by_b.len(), 4, "A's leases ended: B claims the rows");
+    let late = a
+        .round(Round {
+            published: vec![ids[0]],
+            parked: vec![(ids[1], "refused (test)".into())],
+            renew: vec![ids[2], ids[3]],
+            release: vec![ids[3]],
+            lease: Duration::from_secs(60),
+            claim: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(late.lost, [ids[2], ids[3]], "the renewal reports them lost");
+    assert_eq!(db.published().await, 0, "A's mark changed nothing");
+    assert_eq!(db.parked().await, 0, "A's park changed nothing");
+    assert_eq!(db.leased().await, 4, "B's leases stand");
+    assert_eq!(
+        db.count(&format!(
+            "SELECT count(*) AS n FROM booking_expiration_outbox WHERE claimed_by = '{}'",
+            b.owner().0
+        ))
+        .await,
+        4,
+        "every row is B's"
+    );
+}

@@ -122,11 +122,14 @@ struct Counted {
 }
 
 impl Store for Counted {
+    fn owner(&self) -> booking_expiration::db::outbox::LeaseOwner {
+        self.store.owner()
+    }
+
     async fn round(
         &self,
         round: Round,
-    ) -> Result<Vec<booking_expiration::db::outbox::ClaimedRow>, booking_expiration::db::DbError>
-    {
+    ) -> Result<booking_expiration::outbox::RoundResult, booking_expiration::db::DbError> {
         self.rounds.fetch_add(1, Ordering::Relaxed);
         self.store.round(round).await
     }
@@ -468,6 +471,7 @@ async fn raw_rounds(pool: &PgPool) -> Result<(u64, u64)> {
     use booking_expiration::db::outbox::{self, Claim};
     let mut conn = pool.get().await?;
     let lease = timing().lease;
+    let owner = outbox::LeaseOwner::new();
     let (mut claimed, mut published, mut rounds) = (Vec::<i64>::new(), 0u64, 0u64);
     loop {
         let marks = std::mem::take(&mut claimed);
@@ -480,9 +484,9 @@ async fn raw_rounds(pool: &PgPool) -> Result<(u64, u64)> {
         let rows = conn
             .transaction(async |c| {
                 if !marks.is_empty() {
-                    outbox::mark_published(c, &marks, now).await?;
+                    outbox::mark_published(c, &marks, now, owner).await?;
                 }
-                outbox::claim(c, &claim).await
+                outbox::claim(c, &claim, owner).await
             })
             .await?;
         rounds += 1;

@@ -14,10 +14,10 @@ use uuid::Uuid;
 use crate::{
     db::{
         DbError,
-        outbox::{ClaimedRow, key_hash},
+        outbox::{ClaimedRow, LeaseOwner, key_hash},
     },
     events::Headers,
-    outbox::store::{Round, Store},
+    outbox::store::{Round, RoundResult, Store},
 };
 
 #[derive(Debug, Clone)]
@@ -30,6 +30,8 @@ struct Row {
     published: bool,
     parked: Option<String>,
     leased_until: Option<Instant>,
+    /// Whose lease it is (set with the lease, cleared on release).
+    owner: Option<LeaseOwner>,
 }
 
 impl Row {
@@ -64,15 +66,39 @@ struct State {
     max_claimed: usize,
 }
 
-/// An outbox in memory; clones share it.
+/// An outbox in memory; clones share it (and its instance's token:
+/// [`MemoryStore::another_instance`] gives a second instance the same rows).
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
     state: Arc<Mutex<State>>,
+    owner: LeaseOwner,
+    /// This instance's rounds wait until then (it is frozen).
+    frozen_until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same outbox as seen by another publisher instance (a token of
+    /// its own).
+    pub fn another_instance(&self) -> Self {
+        Self {
+            state: Arc::clone(&self.state),
+            owner: LeaseOwner::new(),
+            frozen_until: Arc::default(),
+        }
+    }
+
+    /// This instance's database rounds wait until `until` before they
+    /// apply (the process paused: a frozen VM, SIGSTOP, a long stall);
+    /// other instances' rounds go on.
+    pub fn freeze_until(&self, until: Instant) {
+        *self
+            .frozen_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(until);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -99,6 +125,7 @@ impl MemoryStore {
                 published: false,
                 parked: None,
                 leased_until: None,
+                owner: None,
             },
         );
         state.open.insert(id);
@@ -112,6 +139,7 @@ impl MemoryStore {
         let mut state = self.state();
         let row = state.rows.get_mut(&id).expect("just inserted");
         row.leased_until = Some(Instant::now() + lease);
+        row.owner = Some(self.owner);
         row.claimed(id)
     }
 
@@ -128,6 +156,19 @@ impl MemoryStore {
 
     pub fn published(&self) -> usize {
         self.state().rows.values().filter(|r| r.published).count()
+    }
+
+    /// The keys of the rows marked published, sorted.
+    pub fn published_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .state()
+            .rows
+            .values()
+            .filter(|r| r.published)
+            .map(|r| r.key.clone())
+            .collect();
+        keys.sort();
+        keys
     }
 
     pub fn unpublished(&self) -> usize {
@@ -167,7 +208,18 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn round(&self, round: Round) -> Result<Vec<ClaimedRow>, DbError> {
+    fn owner(&self) -> LeaseOwner {
+        self.owner
+    }
+
+    async fn round(&self, round: Round) -> Result<RoundResult, DbError> {
+        let frozen = *self
+            .frozen_until
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(until) = frozen {
+            tokio::time::sleep_until(until).await;
+        }
         let time = self.state().round_time;
         if !time.is_zero() {
             tokio::time::sleep(time).await;
@@ -181,27 +233,40 @@ impl Store for MemoryStore {
             ));
         }
         let now = Instant::now();
+        let owner = Some(self.owner);
         let state = &mut *state;
+        // As the SQL: only the rows whose lease this instance holds.
         for id in &round.published {
-            if let Some(row) = state.rows.get_mut(id) {
+            if let Some(row) = state.rows.get_mut(id).filter(|r| r.owner == owner) {
                 row.published = true;
                 state.open.remove(id);
             }
         }
         for (id, reason) in &round.parked {
-            if let Some(row) = state.rows.get_mut(id) {
+            if let Some(row) = state.rows.get_mut(id).filter(|r| r.owner == owner) {
                 row.parked = Some(reason.clone());
                 state.open.remove(id);
             }
         }
+        let mut lost = Vec::new();
         for id in &round.renew {
-            if let Some(row) = state.rows.get_mut(id).filter(|r| !r.published) {
-                row.leased_until = Some(now + round.lease);
+            match state
+                .rows
+                .get_mut(id)
+                .filter(|r| !r.published && r.owner == owner)
+            {
+                Some(row) => row.leased_until = Some(now + round.lease),
+                None => lost.push(*id),
             }
         }
         for id in &round.release {
-            if let Some(row) = state.rows.get_mut(id) {
+            if let Some(row) = state
+                .rows
+                .get_mut(id)
+                .filter(|r| !r.published && r.owner == owner)
+            {
                 row.leased_until = None;
+                row.owner = None;
             }
         }
         let mut claimed = Vec::new();
@@ -237,6 +302,7 @@ impl Store for MemoryStore {
                 }
                 *count += 1;
                 row.leased_until = Some(now + claim.lease);
+                row.owner = owner;
                 claimed.push(row.claimed(*id));
             }
         }
@@ -247,6 +313,6 @@ impl Store for MemoryStore {
             .filter(|r| r.leased_until.is_some_and(|u| u > now))
             .count();
         state.max_claimed = state.max_claimed.max(held);
-        Ok(claimed)
+        Ok(RoundResult { claimed, lost })
     }
 }

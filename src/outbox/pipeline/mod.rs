@@ -38,16 +38,13 @@ use super::{
     Backoff,
     queues::{Queues, Room},
     report::Reports,
-    store::{Round, Store},
+    store::{Round, RoundResult, Store},
     timing::Timing,
     transport::{SendError, Transport},
 };
 use crate::{
     clock::Clock,
-    db::{
-        DbError,
-        outbox::{ClaimedRow, HandedRows},
-    },
+    db::{DbError, outbox::HandedRows},
     telemetry::{Health, Metrics},
 };
 
@@ -63,16 +60,17 @@ pub struct Published {
     pub parked: u64,
 }
 
-/// A request's answer: topic, partition, how long it took, the result.
-type Answer = (String, i32, Duration, Result<(), SendError>);
+/// A request's answer: topic, partition, the request's id, how long it
+/// took, the result.
+type Answer = (String, i32, u64, Duration, Result<(), SendError>);
 
 /// A database round's end: the round, what it returned, when it started.
-type RoundDone = (Round, Result<Vec<ClaimedRow>, DbError>, Instant);
+type RoundDone = (Round, Result<RoundResult, DbError>, Instant);
 
 /// What the pipeline waits for next.
 enum Event {
     Answer(Answer),
-    Round(Box<Round>, Result<Vec<ClaimedRow>, DbError>, Instant),
+    Round(Box<Round>, Result<RoundResult, DbError>, Instant),
     Metadata(String, Result<i32, SendError>),
     Handed(Option<HandedRows>),
     Stop,

@@ -18,6 +18,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
     /// Starts a request for every partition that can take one now.
     pub(super) fn start_sends(&mut self, now: Instant) {
         for Send {
+            request,
             topic,
             partition,
             partitions,
@@ -32,7 +33,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 let result = transport
                     .produce(&topic, partition, partitions, records)
                     .await;
-                (topic, partition, started.elapsed(), result)
+                (topic, partition, request, started.elapsed(), result)
             });
         }
     }
@@ -62,12 +63,18 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
         }));
     }
 
-    pub(super) fn answered(&mut self, (topic, partition, took, result): Answer, now: Instant) {
+    pub(super) fn answered(
+        &mut self,
+        (topic, partition, request, took, result): Answer,
+        now: Instant,
+    ) {
         let metrics = &self.parts.metrics;
         metrics
             .outbox_produce_duration_seconds
             .observe(took.as_secs_f64());
-        let completed = self.queues.complete(&topic, partition, &result, now);
+        let completed = self
+            .queues
+            .complete(&topic, partition, request, &result, now);
         let subject = format!("{topic}/{partition}");
         if !completed.acked.is_empty() {
             let acked_at = self.parts.clock.now();

@@ -15,7 +15,7 @@ use crate::{
     },
     outbox::{
         partition::Held,
-        store::{Round, Store},
+        store::{Round, RoundResult, Store},
         transport::{OutgoingRecord, Transport},
     },
     telemetry::ErrorChain,
@@ -83,12 +83,23 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
     pub(super) fn round_done(
         &mut self,
         round: Round,
-        result: Result<Vec<ClaimedRow>, DbError>,
+        result: Result<RoundResult, DbError>,
         started: Instant,
         now: Instant,
     ) {
         match result {
-            Ok(rows) => {
+            Ok(RoundResult {
+                claimed: rows,
+                lost,
+            }) => {
+                if !lost.is_empty() {
+                    let dropped = self.queues.drop_lost(&lost);
+                    tracing::warn!(
+                        rows = lost.len(),
+                        dropped,
+                        "leases found held by another instance (this one was paused past them): their rows are left to it, not sent from here"
+                    );
+                }
                 self.database_retry.reset();
                 if self.reports.recovered("database") {
                     tracing::info!("outbox database rounds succeed again");

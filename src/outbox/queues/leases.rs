@@ -27,9 +27,28 @@ impl Queues {
         self.rows().map(|row| row.leased_at + half).min()
     }
 
+    /// Drops the rows among `ids` that wait (not on the way): their lease
+    /// is another instance's now, so this one must not send them. Returns
+    /// how many.
+    pub(crate) fn drop_lost(&mut self, ids: &[i64]) -> usize {
+        let ids: std::collections::HashSet<i64> = ids.iter().copied().collect();
+        let mut dropped = 0;
+        for t in self.topics.values_mut() {
+            let before = t.unrouted.len();
+            t.unrouted.retain(|row| !ids.contains(&row.id));
+            dropped += before - t.unrouted.len();
+            for queue in &mut t.partitions {
+                dropped += queue.drop_waiting(&ids);
+            }
+        }
+        self.held -= dropped;
+        dropped
+    }
+
     /// Empties every queue (the publisher stops); returns the ids.
     pub(crate) fn release_all(&mut self) -> Vec<i64> {
         let ids = self.rows().map(|row| row.id).collect();
+        self.retired.clear();
         for t in self.topics.values_mut() {
             t.unrouted.clear();
             for queue in &mut t.partitions {
@@ -40,19 +59,27 @@ impl Queues {
         ids
     }
 
+    /// Every row held: waiting, on the way, and on the way in a request
+    /// of an older layout of its topic.
     fn rows(&self) -> impl Iterator<Item = &Held> {
-        self.topics.values().flat_map(|t| {
-            t.unrouted
-                .iter()
-                .chain(t.partitions.iter().flat_map(PartitionQueue::rows))
-        })
+        self.topics
+            .values()
+            .flat_map(|t| {
+                t.unrouted
+                    .iter()
+                    .chain(t.partitions.iter().flat_map(PartitionQueue::rows))
+            })
+            .chain(self.retired.values().flat_map(|(_, rows)| rows))
     }
 
     fn rows_mut(&mut self) -> impl Iterator<Item = &mut Held> {
-        self.topics.values_mut().flat_map(|t| {
-            t.unrouted
-                .iter_mut()
-                .chain(t.partitions.iter_mut().flat_map(PartitionQueue::rows_mut))
-        })
+        self.topics
+            .values_mut()
+            .flat_map(|t| {
+                t.unrouted
+                    .iter_mut()
+                    .chain(t.partitions.iter_mut().flat_map(PartitionQueue::rows_mut))
+            })
+            .chain(self.retired.values_mut().flat_map(|(_, rows)| rows))
     }
 }

@@ -35,6 +35,8 @@ use super::{
 /// A request to send: one partition's next records.
 #[derive(Debug)]
 pub(crate) struct Send {
+    /// The request's id: its answer is matched to it by this.
+    pub request: u64,
     pub topic: String,
     pub partition: i32,
     /// The partition count the records were routed for.
@@ -102,6 +104,11 @@ struct Topic {
 #[derive(Debug)]
 pub(crate) struct Queues {
     topics: BTreeMap<String, Topic>,
+    /// The last request id given out.
+    last_request: u64,
+    /// Requests on the way when their topic was laid out anew (its
+    /// partition count changed): their rows, by request id, until answered.
+    retired: BTreeMap<u64, (String, Vec<Held>)>,
     /// The topic whose metadata is read even with no rows (readiness).
     pinned: String,
     timing: Timing,
@@ -125,6 +132,8 @@ impl Queues {
         let mut queues = Self {
             pinned: pinned.to_owned(),
             topics: BTreeMap::new(),
+            last_request: 0,
+            retired: BTreeMap::new(),
             timing,
             request_max: request_max.max(1),
             max_held: max_held.max(1),
@@ -205,8 +214,11 @@ impl Queues {
         for (topic, t) in &mut self.topics {
             let partitions = t.partitions.len() as i32;
             for (partition, queue) in t.partitions.iter_mut().enumerate() {
-                if let Some(records) = queue.take(now, max) {
+                let request = self.last_request + 1;
+                if let Some(records) = queue.take(now, max, request) {
+                    self.last_request = request;
                     sends.push(Send {
+                        request,
                         topic: topic.clone(),
                         partition: partition as i32,
                         partitions,
@@ -218,21 +230,26 @@ impl Queues {
         sends
     }
 
-    /// The request to `partition` of `topic` ended with `result` at `now`.
+    /// The request `request` to `partition` of `topic` ended with `result`
+    /// at `now`. The answer is matched to its request by id: a request of
+    /// a layout that changed since it left completes the rows it carried,
+    /// whatever queue now has that partition's number.
     pub(crate) fn complete(
         &mut self,
         topic: &str,
         partition: i32,
+        request: u64,
         result: &Result<(), SendError>,
         now: Instant,
     ) -> Completed {
         let timing = self.timing;
-        let Some(queue) = self
+        let queue = self
             .topics
             .get_mut(topic)
             .and_then(|t| t.partitions.get_mut(usize::try_from(partition).ok()?))
-        else {
-            return Completed::default();
+            .filter(|queue| queue.on_the_way() == Some(request));
+        let Some(queue) = queue else {
+            return self.complete_retired(request, result);
         };
         let completed = match result {
             Ok(()) => {
@@ -253,6 +270,33 @@ impl Queues {
         };
         self.held -= completed.acked.len() + usize::from(completed.parked.is_some());
         completed
+    }
+
+    /// The answer of a request whose topic was laid out anew while it was
+    /// on the way: acknowledged, its rows are done; failed, they are routed
+    /// again by the topic's new count. An id no one knows (the queues were
+    /// emptied at shutdown) completes nothing.
+    fn complete_retired(&mut self, request: u64, result: &Result<(), SendError>) -> Completed {
+        let Some((topic, rows)) = self.retired.remove(&request) else {
+            return Completed::default();
+        };
+        match result {
+            Ok(()) => {
+                self.held -= rows.len();
+                Completed {
+                    acked: rows,
+                    ..Completed::default()
+                }
+            }
+            Err(_) => {
+                if let Some(t) = self.topics.get_mut(&topic) {
+                    for row in rows {
+                        route(t, row);
+                    }
+                }
+                Completed::default()
+            }
+        }
     }
 
     /// The earliest time something pauses until: a partition with rows, or

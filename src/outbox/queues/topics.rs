@@ -11,7 +11,8 @@ use crate::outbox::{
 };
 
 impl Queues {
-    /// The partition count of `topic` was read at `now`.
+    /// The partition count of `topic` was read at `now`. Returns the count
+    /// before and after when it changed.
     pub(crate) fn set_partitions(
         &mut self,
         topic: &str,
@@ -19,7 +20,7 @@ impl Queues {
         now: Instant,
     ) -> Option<(usize, usize)> {
         self.watch(topic);
-        let (timing, rng) = (self.timing, &mut self.rng);
+        let (timing, rng, retired) = (self.timing, &mut self.rng, &mut self.retired);
         let t = self.topics.get_mut(topic)?;
         t.fetching = false;
         t.fetched_at = Some(now);
@@ -28,15 +29,21 @@ impl Queues {
         t.retry.reset();
         let count = usize::try_from(count).unwrap_or(0).max(1);
         let before = t.partitions.len();
-        if count < before {
-            // Kafka never shrinks a topic; a recreated one starts over.
-            let mut waiting: Vec<Held> = t
-                .partitions
-                .iter_mut()
-                .flat_map(PartitionQueue::drain_waiting)
-                .collect();
+        if before > 0 && count != before {
+            // A new layout (the topic grew, or was created again with
+            // another count): every waiting row is routed again by the new
+            // count, and each request on the way keeps its rows apart until
+            // its answer, matched by its id, completes them. Queues are never
+            // renumbered under a request.
+            let mut waiting: Vec<Held> = Vec::new();
+            for queue in &mut t.partitions {
+                if let Some(request) = queue.on_the_way() {
+                    retired.insert(request, (topic.to_owned(), queue.take_on_the_way()));
+                }
+                waiting.extend(queue.drain_waiting());
+            }
             waiting.sort_by_key(|row| row.id);
-            t.partitions.retain(PartitionQueue::in_flight);
+            t.partitions.clear();
             t.unrouted.extend(waiting);
         }
         while t.partitions.len() < count {

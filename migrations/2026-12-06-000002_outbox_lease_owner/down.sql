@@ -1,0 +1,2 @@
+ALTER TABLE booking_expiration_outbox
+    DROP COLUMN claimed_by;
