@@ -23,11 +23,7 @@ pub mod defaults;
 mod expiry;
 mod http;
 mod kafka;
-pub mod libpq_env;
 pub mod parse;
-pub mod pg_tls;
-pub mod pg_url;
-pub mod pgpass;
 mod publisher;
 pub mod ranges;
 pub(crate) mod secret;
@@ -36,9 +32,10 @@ mod seed;
 use std::time::Duration;
 
 pub use cli::{
-    Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, OutboxCommand, RepublishArgs, RunArgs,
+    Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, LibpqArgs, OutboxCommand, RepublishArgs,
+    RunArgs,
 };
-pub use database::{ConnectPlan, DatabaseSettings, DatabaseUrl, PasswordSource, Pooler};
+pub use database::{DatabaseSettings, Pooler};
 use defaults::AsText as _;
 pub use expiry::{EventSettings, ExpirySettings, ShutdownSettings};
 pub use http::HttpSettings;
@@ -46,7 +43,6 @@ pub use kafka::{
     Compression, KafkaClientCert, KafkaSettings, KafkaTls, SaslMechanism, SaslSettings,
     SecurityProtocol,
 };
-pub use libpq_env::LibpqEnv;
 pub use publisher::PublisherSettings;
 pub use seed::SeedSettings;
 
@@ -59,6 +55,12 @@ pub struct ConfigError {
     /// without one).
     pub setting: String,
     pub problem: String,
+}
+
+impl From<crate::libpq::LibpqError> for ConfigError {
+    fn from(error: crate::libpq::LibpqError) -> Self {
+        Self::new(error.setting, error.problem)
+    }
 }
 
 impl ConfigError {
@@ -206,117 +208,13 @@ fn check_liveness_spans_a_tick(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn database_url_errors_never_echo_the_password() {
-        for raw in [
-            "mysql://u:s3cret@h/db",
-            "postgres://u:s3cret@h,/db",
-            "not a url s3cret",
-            "postgres://u:s3cret@h:99999/db",
-        ] {
-            let err = DatabaseUrl::parse(raw).unwrap_err();
-            assert_eq!(err.setting, "DATABASE_URL");
-            assert!(!err.to_string().contains("s3cret"), "{err}");
-        }
-        let url = DatabaseUrl::parse("postgres://u:s3cret@h:5432/db").unwrap();
-        assert!(!format!("{url:?}").contains("s3cret"));
-    }
-
-    /// Issue 25's defects, through the settings type: the password printed
-    /// when it held a '/', and `sslmode` lost after a '?' in the password.
-    #[test]
-    fn issue_25_passwords_are_redacted_and_sslmode_read() {
-        for (raw, password) in [
-            ("postgres://app:ab/cd+ef==@host/booking", "ab/cd+ef=="),
-            ("postgres://app:a?b@host/booking?sslmode=require", "a?b"),
-            ("postgres://app:p@ss@host/booking?sslmode=require", "p@ss"),
-            ("postgres://app:x#y z@host/booking?sslmode=require", "x#y z"),
-        ] {
-            let url = DatabaseUrl::parse(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
-            assert!(!url.redacted().contains(password), "{}", url.redacted());
-            assert!(!format!("{url:?}").contains(password), "{url:?}");
-            assert!(
-                url.redacted()
-                    .starts_with("postgres://app:***@host/booking"),
-                "{}",
-                url.redacted()
-            );
-            if raw.contains("sslmode=require") {
-                assert_eq!(url.tls().mode, pg_tls::SslMode::Require, "{raw}");
-            }
-        }
-    }
-
-    #[test]
-    fn database_url_parameters_tokio_postgres_refuses_are_named() {
-        for option in ["sslsni", "gssencmode", "sslpassword", "service", "passfile"] {
-            let err =
-                DatabaseUrl::parse(&format!("postgres://u:s3cret@h/db?{option}=1")).unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                format!("DATABASE_URL: invalid connection string (unknown option `{option}`)")
-            );
-        }
-        let err =
-            DatabaseUrl::parse("postgres://u:s3cret@h/db?connect_timeout=s3cret").unwrap_err();
-        assert!(err.problem.contains("`connect_timeout`"), "{err}");
-        assert!(!err.to_string().contains("s3cret"), "{err}");
-        let url =
-            DatabaseUrl::parse("postgres://u:s3cret@h/db?sslmode=verify-full&application_name=x")
-                .unwrap();
-        let config = url.config();
-        assert_eq!(config.get_application_name(), Some("x"));
-        assert_eq!(config.get_password(), Some(&b"s3cret"[..]));
-        assert_eq!(config.get_dbname(), Some("db"));
-        assert!(!format!("{url:?}").contains("s3cret"));
-        assert!(!format!("{config:?}").contains("s3cret"));
-    }
+    use crate::libpq::DatabaseUrl;
 
     fn database(statement_timeout: Duration) -> DatabaseSettings {
         DatabaseSettings {
             statement_timeout,
             ..DatabaseSettings::new(DatabaseUrl::parse("postgres://h/db").unwrap())
         }
-    }
-
-    #[test]
-    fn multi_host_urls_parse_and_never_print_the_password() {
-        let raw = "postgres://u:s3cret@h1:5433,h2:5434/db?target_session_attrs=read-write\
-                   &sslmode=verify-full&application_name=x";
-        let url = DatabaseUrl::parse(raw).unwrap();
-        assert_eq!(url.tls().mode, pg_tls::SslMode::VerifyFull);
-        let config = url.config();
-        assert_eq!(config.get_application_name(), Some("x"));
-        assert_eq!(config.get_user(), Some("u"));
-        assert_eq!(config.get_hosts().len(), 2);
-        assert_eq!(config.get_ports(), [5433, 5434]);
-        assert_eq!(
-            config.get_target_session_attrs(),
-            tokio_postgres::config::TargetSessionAttrs::ReadWrite
-        );
-        assert!(url.wants_read_write());
-        assert!(
-            !DatabaseUrl::parse("postgres://u@h1,h2/db")
-                .unwrap()
-                .wants_read_write()
-        );
-        assert_eq!(
-            url.redacted(),
-            "postgres://u:***@h1:5433,h2:5434/db?target_session_attrs=read-write\
-             &sslmode=verify-full&application_name=x"
-        );
-        assert!(!format!("{url:?}").contains("s3cret"));
-        for bad in [
-            "postgres://u:s3cret@h1:5433,h2:99999/db",
-            "postgres://u:s3cret@h1,/db",
-            "postgres://u:s3cret@h1,h2/db?target_session_attrs=primary-ish",
-        ] {
-            let error = DatabaseUrl::parse(bad).unwrap_err();
-            assert!(!error.to_string().contains("s3cret"), "{error}");
-        }
-        let url = DatabaseUrl::parse("postgres://u@h/db?password=s3cret&user=v").unwrap();
-        assert_eq!(url.redacted(), "postgres://u@h/db?password=***&user=v");
     }
 
     #[test]

@@ -319,13 +319,13 @@ const DEFAULTS_SET_IN_CODE: [(&str, &str, &str, &str); 3] = [
     (
         "PGHOST",
         "/var/run/postgresql",
-        "src/config/pgpass.rs",
+        "src/libpq/pgpass.rs",
         "DEFAULT_SOCKET_DIR: &str = \"/var/run/postgresql\"",
     ),
     (
         "PGPORT",
         "5432",
-        "src/config/pgpass.rs",
+        "src/libpq/pgpass.rs",
         "DEFAULT_PORT: u16 = 5432",
     ),
     (

@@ -705,7 +705,7 @@ fn every_path_follows_the_layers_and_rooms_the_crate_docs_list() {
             declared.layers
         );
     }
-    for folder in ["config", "db", "expiry", "outbox"] {
+    for folder in ["config", "db", "expiry", "libpq", "outbox"] {
         assert!(
             declared.folders.contains_key(folder),
             "src/lib.rs lists no rooms of {folder}"

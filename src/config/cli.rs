@@ -7,14 +7,18 @@ use std::{path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand};
 
 use super::{
-    Compression, ConfigError, DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings,
-    HttpSettings, KafkaClientCert, KafkaSettings, KafkaTls, LibpqEnv, Pooler, PublisherSettings,
-    SaslMechanism, SaslSettings, SecurityProtocol, SeedSettings, ShutdownSettings,
+    Compression, ConfigError, DatabaseSettings, EventSettings, ExpirySettings, HttpSettings,
+    KafkaClientCert, KafkaSettings, KafkaTls, Pooler, PublisherSettings, SaslMechanism,
+    SaslSettings, SecurityProtocol, SeedSettings, ShutdownSettings,
     defaults::{self, text},
-    parse::{self, BootstrapServers, setting},
-    pg_url::PgUrl,
+    parse::{self, BootstrapServers, Problem, setting},
     ranges,
     secret::Secret,
+};
+use crate::libpq::{
+    self, DatabaseUrl, env,
+    ssl::SslMode,
+    url::{Password, PgUrl},
 };
 
 #[derive(Debug, Parser)]
@@ -202,7 +206,7 @@ pub struct DatabaseArgs {
     /// libpq's environment (`PGHOST`, `PGPASSWORD`, `PGSSLMODE`, ...): each
     /// where the URLs leave its parameter out.
     #[command(flatten)]
-    pub libpq: LibpqEnv,
+    pub libpq: LibpqArgs,
 }
 
 /// A URL's grammar (libpq's, [`PgUrl::parse`]): what it means, its TLS
@@ -213,16 +217,104 @@ fn database_url(raw: &str) -> Result<PgUrl, parse::Problem> {
     PgUrl::parse(raw).map_err(|error| error.to_string())
 }
 
+/// The libpq variables, each the default of one URL parameter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Args)]
+pub struct LibpqArgs {
+    /// Default host(s) when the URL has none: names, addresses or Unix
+    /// socket directories, comma-separated (libpq's PGHOST).
+    #[arg(id = "PGHOST", long = "pghost", env = "PGHOST", value_parser = setting(non_empty))]
+    pub host: Option<String>,
+    /// Default port(s) when the URL has none, comma-separated (libpq's PGPORT).
+    #[arg(id = "PGPORT", long = "pgport", env = "PGPORT", value_parser = setting(env::ports))]
+    pub port: Option<String>,
+    /// Default database when the URL names none (libpq's PGDATABASE).
+    #[arg(id = "PGDATABASE", long = "pgdatabase", env = "PGDATABASE", value_parser = setting(non_empty))]
+    pub dbname: Option<String>,
+    /// Default user when the URL names none (libpq's PGUSER).
+    #[arg(id = "PGUSER", long = "pguser", env = "PGUSER", value_parser = setting(non_empty))]
+    pub user: Option<String>,
+    /// Password when the URL has none (libpq's PGPASSWORD; prefer a
+    /// password file, the environment of a process is easier to read).
+    #[arg(id = "PGPASSWORD", long = "pgpassword", env = "PGPASSWORD", hide_env_values = true,
+          allow_hyphen_values = true, value_parser = setting(secret))]
+    pub password: Option<Secret>,
+    /// Password file read when neither the URL nor PGPASSWORD gives a
+    /// password; default ~/.pgpass (libpq's PGPASSFILE).
+    #[arg(id = "PGPASSFILE", long = "pgpassfile", env = "PGPASSFILE", value_parser = setting(path))]
+    pub passfile: Option<PathBuf>,
+    /// Default sslmode (libpq's PGSSLMODE).
+    // An empty value is unset too, hence one value that may say "none"
+    // (`std::option::Option`) with an empty, hidden default.
+    #[arg(id = "PGSSLMODE", long = "pgsslmode", env = "PGSSLMODE", default_value = "",
+          hide_default_value = true, value_parser = setting(env::sslmode))]
+    pub sslmode: std::option::Option<SslMode>,
+    /// Default sslrootcert (libpq's PGSSLROOTCERT).
+    #[arg(id = "PGSSLROOTCERT", long = "pgsslrootcert", env = "PGSSLROOTCERT", value_parser = setting(non_empty))]
+    pub sslrootcert: Option<String>,
+    /// Default sslcert (libpq's PGSSLCERT).
+    #[arg(id = "PGSSLCERT", long = "pgsslcert", env = "PGSSLCERT", value_parser = setting(non_empty))]
+    pub sslcert: Option<String>,
+    /// Default sslkey (libpq's PGSSLKEY).
+    #[arg(id = "PGSSLKEY", long = "pgsslkey", env = "PGSSLKEY", value_parser = setting(non_empty))]
+    pub sslkey: Option<String>,
+    /// Default application_name (libpq's PGAPPNAME).
+    #[arg(id = "PGAPPNAME", long = "pgappname", env = "PGAPPNAME", value_parser = setting(non_empty))]
+    pub appname: Option<String>,
+    /// Default connect_timeout, whole seconds per host (libpq's
+    /// PGCONNECT_TIMEOUT); DATABASE_CONNECT_TIMEOUT still bounds the whole
+    /// connection.
+    #[arg(id = "PGCONNECT_TIMEOUT", long = "pgconnect-timeout", env = "PGCONNECT_TIMEOUT",
+          value_parser = setting(env::seconds))]
+    pub connect_timeout: Option<String>,
+}
+
+impl LibpqArgs {
+    /// libpq's environment as these flags give it.
+    pub fn env(&self) -> libpq::Env {
+        libpq::Env {
+            host: self.host.clone(),
+            port: self.port.clone(),
+            dbname: self.dbname.clone(),
+            user: self.user.clone(),
+            password: self
+                .password
+                .as_ref()
+                .map(|secret| Password::new(secret.expose())),
+            passfile: self.passfile.clone(),
+            sslmode: self.sslmode,
+            sslrootcert: self.sslrootcert.clone(),
+            sslcert: self.sslcert.clone(),
+            sslkey: self.sslkey.clone(),
+            appname: self.appname.clone(),
+            connect_timeout: self.connect_timeout.clone(),
+        }
+    }
+}
+
+/// Any text but an empty one (an empty variable is unset).
+fn non_empty(raw: &str) -> Result<String, Problem> {
+    Ok(raw.to_owned())
+}
+
+fn secret(raw: &str) -> Result<Secret, Problem> {
+    Ok(Secret::new(raw))
+}
+
+fn path(raw: &str) -> Result<PathBuf, Problem> {
+    Ok(PathBuf::from(raw))
+}
+
 impl DatabaseArgs {
     /// The settings, libpq's environment applied to both URLs.
     pub fn settings(self) -> Result<DatabaseSettings, ConfigError> {
+        let env = self.libpq.env();
         let url = self
             .database_url
-            .ok_or_else(|| ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)"))
-            .and_then(|url| DatabaseUrl::with_env(url, &self.libpq, "DATABASE_URL"))?;
+            .ok_or_else(|| ConfigError::new("DATABASE_URL", "is required (a postgres:// URL)"))?;
+        let url = DatabaseUrl::with_env(url, &env, "DATABASE_URL")?;
         let direct_url = self
             .database_direct_url
-            .map(|direct| DatabaseUrl::with_env(direct, &self.libpq, "DATABASE_DIRECT_URL"))
+            .map(|direct| DatabaseUrl::with_env(direct, &env, "DATABASE_DIRECT_URL"))
             .transpose()?;
         Ok(DatabaseSettings {
             url,
@@ -1173,16 +1265,16 @@ mod tests {
             secret in "[ -~é€]{10,30}",
             raw in proptest::bool::ANY,
         ) {
-            let written = if raw { secret.clone() } else { super::super::pg_url::percent_encode(&secret) };
+            let written = if raw { secret.clone() } else { crate::libpq::url::percent_encode(&secret) };
             let url = format!("postgres://app:{written}@db.example:5432/crm?sslmode=require");
-            let direct = format!("postgres://app@db.example/crm?password={}", super::super::pg_url::percent_encode(&secret));
+            let direct = format!("postgres://app@db.example/crm?password={}", crate::libpq::url::percent_encode(&secret));
             let args = [
                 "run", "--database-url", &url, "--database-direct-url", &direct,
                 "--kafka-bootstrap-servers", "k:9092", "--kafka-sasl-mechanism", "SCRAM-SHA-512",
                 "--kafka-sasl-username", "be", "--kafka-sasl-password", &secret,
                 "--pgpassword", &secret,
             ];
-            let forms = [secret.clone(), super::super::pg_url::percent_encode(&secret)];
+            let forms = [secret.clone(), crate::libpq::url::percent_encode(&secret)];
             let hidden = |text: String| {
                 for form in &forms {
                     proptest::prop_assert!(!text.contains(form.as_str()), "{}", text);

@@ -9,9 +9,7 @@ use std::{ffi::OsStr, fmt, net::SocketAddr, sync::Arc, time::Duration};
 
 use clap::{Arg, builder::TypedValueParser};
 
-use super::{
-    Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism, SecurityProtocol, ranges::Range,
-};
+use super::{Compression, ConfigError, Pooler, SaslMechanism, SecurityProtocol, ranges::Range};
 
 /// What is wrong with a value, without the setting's name.
 pub type Problem = String;
@@ -176,11 +174,6 @@ pub fn topic(raw: &str) -> Result<String, Problem> {
         "" => Err("is empty".to_owned()),
         topic => Ok(topic.to_owned()),
     }
-}
-
-/// A PostgreSQL URL; see [`DatabaseUrl::parse`].
-pub fn database_url(raw: &str) -> Result<DatabaseUrl, Problem> {
-    DatabaseUrl::parse(raw).map_err(|error| error.problem)
 }
 
 /// `none` (or empty) or `transaction`: the pooler between the worker and

@@ -11,7 +11,10 @@ use diesel_async::{
 use futures_util::FutureExt;
 
 use super::DbError;
-use crate::config::{DatabaseSettings, DatabaseUrl, Pooler};
+use crate::{
+    config::{DatabaseSettings, Pooler},
+    libpq::DatabaseUrl,
+};
 
 pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection<'a> =
@@ -176,7 +179,7 @@ pub async fn ping(pool: &PgPool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DatabaseUrl, ranges};
+    use crate::{config::ranges, libpq::DatabaseUrl};
 
     /// The issue's `SET` failure: PostgreSQL takes its timeouts as int
     /// milliseconds, and the idle limit is twice the statement timeout. At
