@@ -2,41 +2,39 @@
 //! program that uses them.
 //!
 //! Every setting is a flag or the environment variable of the same name
-//! (spec §9). Its value parser ([`parse`]) turns the text into its type
-//! while clap reads the command line, so a malformed value is one
-//! [`ConfigError`] naming the variable; defaults are typed constants
-//! ([`defaults`]) that go through the same parsers. The groups below are
-//! what their owners receive: the expiry worker gets [`ExpirySettings`],
+//! (spec §9), declared once in [`catalog`]: its name, default, range or
+//! parser, and line of `--help`. What follows from a declaration (the
+//! clap argument, the range check, the text `--help` and the docs show)
+//! is [`setting`]'s. A malformed value is one [`ConfigError`] naming the
+//! variable, while clap reads the command line; defaults are typed
+//! constants ([`defaults`]) that go through the same parsers. The groups
+//! below are what their owners receive: the expiry worker gets [`ExpirySettings`],
 //! [`EventSettings`] and [`ShutdownSettings`], the publisher
 //! [`PublisherSettings`] and [`KafkaSettings`], and so on. `run` gets all of
 //! them as one [`Settings`], whose one validation step
 //! ([`Settings::from_args`]) checks what spans settings; the other commands
 //! take only the groups they use ([`Command`]).
-//!
-//! Each argument's id is its variable name: ids stay unique across the
-//! flattened groups, and `--help` shows `--expiration-interval
-//! <EXPIRATION_INTERVAL>`.
 
+pub mod catalog;
 mod cli;
 mod database;
-pub mod defaults;
 mod expiry;
 mod http;
 mod kafka;
 pub mod parse;
 mod publisher;
-pub mod ranges;
 pub(crate) mod secret;
 mod seed;
+pub mod setting;
 
 use std::time::Duration;
 
+pub use catalog::defaults;
 pub use cli::{
     Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, LibpqArgs, OutboxCommand, RepublishArgs,
-    RunArgs,
+    RepublishBatch, RoleArgs, RunArgs,
 };
 pub use database::{DatabaseSettings, Pooler};
-use defaults::AsText as _;
 pub use expiry::{EventSettings, ExpirySettings, ShutdownSettings};
 pub use http::HttpSettings;
 pub use kafka::{
@@ -45,6 +43,7 @@ pub use kafka::{
 };
 pub use publisher::PublisherSettings;
 pub use seed::SeedSettings;
+use setting::AsText as _;
 
 /// A setting that is missing or malformed, or settings that cannot work
 /// together.
@@ -71,8 +70,8 @@ impl ConfigError {
         }
     }
 
-    /// The setting error inside a clap error from a [`parse::setting`]
-    /// value parser. `main` prints it as the one line of an exit 2 instead
+    /// The setting error inside a clap error from a setting's value
+    /// parser ([`setting::Named`]). `main` prints it as the one line of an exit 2 instead
     /// of clap's text, which spans several lines and quotes the value (a
     /// password, say).
     pub fn from_clap(error: &clap::Error) -> Option<Self> {
@@ -140,16 +139,23 @@ impl Settings {
     pub fn checked_from_args(args: RunArgs, checks: StartupChecks) -> Result<Self, ConfigError> {
         let database = args.database.settings()?;
         (checks.database)(&database)?;
-        if args.no_worker && args.no_publisher {
+        let roles = Roles {
+            worker: !args.roles.no_worker,
+            publisher: !args.roles.no_publisher,
+        };
+        if !roles.worker && !roles.publisher {
             return Err(ConfigError::new(
-                "NO_WORKER",
-                "and NO_PUBLISHER together leave nothing to run",
+                catalog::NO_WORKER.name(),
+                format!(
+                    "and {} together leave nothing to run",
+                    catalog::NO_PUBLISHER.name()
+                ),
             ));
         }
-        if !args.no_worker {
+        if roles.worker {
             check_liveness_spans_a_tick(&args.http, &args.expiry)?;
         }
-        let kafka = if args.no_publisher {
+        let kafka = if !roles.publisher {
             None
         } else {
             let kafka = args.kafka.settings()?;
@@ -164,10 +170,7 @@ impl Settings {
             kafka,
             http: args.http,
             shutdown: args.shutdown,
-            roles: Roles {
-                worker: !args.no_worker,
-                publisher: !args.no_publisher,
-            },
+            roles,
         })
     }
 
@@ -195,11 +198,12 @@ fn check_liveness_spans_a_tick(
         return Ok(());
     }
     Err(ConfigError::new(
-        "LIVENESS_WINDOW",
+        catalog::LIVENESS_WINDOW.name(),
         format!(
-            "{} must be longer than EXPIRATION_INTERVAL ({}): an idle instance completes \
-             a cycle once per tick, so /healthz would fail between ticks",
+            "{} must be longer than {} ({}): an idle instance completes a cycle once per \
+             tick, so /healthz would fail between ticks",
             http.liveness_window.as_text(),
+            catalog::EXPIRATION_INTERVAL.name(),
             expiry.interval.as_text(),
         ),
     ))

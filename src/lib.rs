@@ -78,15 +78,16 @@
 //!
 //! 1. `cli`
 //! 2. `expiry`, `http`, `publisher`, `seed`
-//! 3. `parse`
-//! 4. `ranges`
-//! 5. `defaults`
+//! 3. `catalog`
+//! 4. `setting`
+//! 5. `parse`
 //! 6. `kafka`, `database`
 //! 7. `secret`
 //!
-//! Allowed against the order: `kafka` -> `defaults`, `database` ->
-//! `defaults` (`KafkaSettings::new` and `DatabaseSettings::new` fill in
-//! the named defaults, which are typed with those rooms' own value types:
+//! Allowed against the order: `kafka` -> `catalog`, `database` ->
+//! `catalog` (`KafkaSettings::new` and `DatabaseSettings::new` fill in
+//! the declared defaults, and errors name the settings as declared; the
+//! declarations are typed with those rooms' own value types:
 //! `Compression`, `SecurityProtocol`, `Pooler`).
 //!
 //! ## Rooms of `libpq`

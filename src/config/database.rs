@@ -3,7 +3,11 @@
 
 use std::{fmt, time::Duration};
 
-use super::{ConfigError, defaults};
+use super::{
+    ConfigError,
+    catalog::{DATABASE_DIRECT_URL, DATABASE_POOLER},
+    defaults,
+};
 use crate::libpq::DatabaseUrl;
 
 /// What sits between the worker and PostgreSQL (`DATABASE_POOLER`).
@@ -101,9 +105,12 @@ impl DatabaseSettings {
     pub fn for_migrate(&self) -> Result<DatabaseSettings, ConfigError> {
         self.session().ok_or_else(|| {
             ConfigError::new(
-                "DATABASE_DIRECT_URL",
-                "is required by migrate when DATABASE_POOLER=transaction: migrations need a \
-                 session, which a transaction pooler does not keep (give a URL that bypasses it)",
+                DATABASE_DIRECT_URL.name(),
+                format!(
+                    "is required by migrate when {}=transaction: migrations need a session, \
+                     which a transaction pooler does not keep (give a URL that bypasses it)",
+                    DATABASE_POOLER.name()
+                ),
             )
         })
     }
