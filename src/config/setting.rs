@@ -610,6 +610,24 @@ macro_rules! declared_as_themselves {
 declared_as_themselves!(
     Duration,
     Option<Duration>,
+    Option<SaslMechanism>,
+    Option<SecurityProtocol>,
+    Option<SslMode>
+);
+
+/// Types whose default is declared as the value itself and written as
+/// they display.
+macro_rules! declared_as_themselves_and_displayed {
+    ($($ty:ty),*) => {
+        declared_as_themselves!($($ty),*);
+        $(impl AsText for $ty {
+            fn as_text(&self) -> String {
+                self.to_string()
+            }
+        })*
+    };
+}
+declared_as_themselves_and_displayed!(
     u32,
     u64,
     i32,
@@ -618,10 +636,7 @@ declared_as_themselves!(
     bool,
     SocketAddr,
     Pooler,
-    Compression,
-    Option<SaslMechanism>,
-    Option<SecurityProtocol>,
-    Option<SslMode>
+    Compression
 );
 
 impl Value for String {
@@ -682,27 +697,11 @@ impl AsText for Option<Duration> {
     }
 }
 
-macro_rules! as_text_by_display {
-    ($($ty:ty),*) => {
-        $(impl AsText for $ty {
-            fn as_text(&self) -> String {
-                self.to_string()
-            }
-        })*
-    };
+impl AsText for &'static str {
+    fn as_text(&self) -> String {
+        (*self).to_owned()
+    }
 }
-as_text_by_display!(
-    u32,
-    u64,
-    i32,
-    i16,
-    f64,
-    bool,
-    SocketAddr,
-    Compression,
-    Pooler,
-    &'static str
-);
 
 /// An unset value declared as an empty default (so an empty variable is
 /// unset too): empty.
