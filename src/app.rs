@@ -16,12 +16,13 @@ pub use status::{PhaseStatus, PoisonRow, StatusReport, status};
 use crate::{
     clock::{Clock, SystemClock},
     config::{
-        ConfigError, DatabaseSettings, EventSettings, ExpirySettings, PasswordSource, SeedSettings,
-        Settings, ShutdownSettings, StartupChecks,
+        ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
+        ShutdownSettings, StartupChecks,
     },
     context::TaskContext,
     db::{self, DbError, privileges::Use},
     expiry::{CycleError, CycleReport, ExpiryWorker, scheduler},
+    libpq::PasswordSource,
     outbox::{self, LagStats, Publisher, RetentionSweep},
     telemetry::{ErrorChain, Health, Metrics, http},
 };

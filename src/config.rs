@@ -2,53 +2,48 @@
 //! program that uses them.
 //!
 //! Every setting is a flag or the environment variable of the same name
-//! (spec §9). Its value parser ([`parse`]) turns the text into its type
-//! while clap reads the command line, so a malformed value is one
-//! [`ConfigError`] naming the variable; defaults are typed constants
-//! ([`defaults`]) that go through the same parsers. The groups below are
-//! what their owners receive: the expiry worker gets [`ExpirySettings`],
+//! (spec §9), declared once in [`catalog`]: its name, default, range or
+//! parser, and line of `--help`. What follows from a declaration (the
+//! clap argument, the range check, the text `--help` and the docs show)
+//! is [`setting`]'s. A malformed value is one [`ConfigError`] naming the
+//! variable, while clap reads the command line; defaults are typed
+//! constants ([`defaults`]) that go through the same parsers. The groups
+//! below are what their owners receive: the expiry worker gets [`ExpirySettings`],
 //! [`EventSettings`] and [`ShutdownSettings`], the publisher
 //! [`PublisherSettings`] and [`KafkaSettings`], and so on. `run` gets all of
 //! them as one [`Settings`], whose one validation step
 //! ([`Settings::from_args`]) checks what spans settings; the other commands
 //! take only the groups they use ([`Command`]).
-//!
-//! Each argument's id is its variable name: ids stay unique across the
-//! flattened groups, and `--help` shows `--expiration-interval
-//! <EXPIRATION_INTERVAL>`.
 
+pub mod catalog;
 mod cli;
 mod database;
-pub mod defaults;
 mod expiry;
 mod http;
 mod kafka;
-pub mod libpq_env;
 pub mod parse;
-pub mod pg_tls;
-pub mod pg_url;
-pub mod pgpass;
 mod publisher;
-pub mod ranges;
 pub(crate) mod secret;
 mod seed;
+pub mod setting;
 
 use std::time::Duration;
 
+pub use catalog::defaults;
 pub use cli::{
-    Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, OutboxCommand, RepublishArgs, RunArgs,
+    Cli, Command, DatabaseArgs, KafkaArgs, KafkaTlsArgs, LibpqArgs, OutboxCommand, RepublishArgs,
+    RepublishBatch, RoleArgs, RunArgs,
 };
-pub use database::{ConnectPlan, DatabaseSettings, DatabaseUrl, PasswordSource, Pooler};
-use defaults::AsText as _;
+pub use database::{DatabaseSettings, Pooler};
 pub use expiry::{EventSettings, ExpirySettings, ShutdownSettings};
 pub use http::HttpSettings;
 pub use kafka::{
     Compression, KafkaClientCert, KafkaSettings, KafkaTls, SaslMechanism, SaslSettings,
     SecurityProtocol,
 };
-pub use libpq_env::LibpqEnv;
 pub use publisher::PublisherSettings;
 pub use seed::SeedSettings;
+use setting::AsText as _;
 
 /// A setting that is missing or malformed, or settings that cannot work
 /// together.
@@ -61,6 +56,12 @@ pub struct ConfigError {
     pub problem: String,
 }
 
+impl From<crate::libpq::LibpqError> for ConfigError {
+    fn from(error: crate::libpq::LibpqError) -> Self {
+        Self::new(error.setting, error.problem)
+    }
+}
+
 impl ConfigError {
     pub fn new(setting: impl Into<String>, problem: impl Into<String>) -> Self {
         Self {
@@ -69,8 +70,8 @@ impl ConfigError {
         }
     }
 
-    /// The setting error inside a clap error from a [`parse::setting`]
-    /// value parser. `main` prints it as the one line of an exit 2 instead
+    /// The setting error inside a clap error from a setting's value
+    /// parser ([`setting::Named`]). `main` prints it as the one line of an exit 2 instead
     /// of clap's text, which spans several lines and quotes the value (a
     /// password, say).
     pub fn from_clap(error: &clap::Error) -> Option<Self> {
@@ -138,16 +139,23 @@ impl Settings {
     pub fn checked_from_args(args: RunArgs, checks: StartupChecks) -> Result<Self, ConfigError> {
         let database = args.database.settings()?;
         (checks.database)(&database)?;
-        if args.no_worker && args.no_publisher {
+        let roles = Roles {
+            worker: !args.roles.no_worker,
+            publisher: !args.roles.no_publisher,
+        };
+        if !roles.worker && !roles.publisher {
             return Err(ConfigError::new(
-                "NO_WORKER",
-                "and NO_PUBLISHER together leave nothing to run",
+                catalog::NO_WORKER.name(),
+                format!(
+                    "and {} together leave nothing to run",
+                    catalog::NO_PUBLISHER.name()
+                ),
             ));
         }
-        if !args.no_worker {
+        if roles.worker {
             check_liveness_spans_a_tick(&args.http, &args.expiry)?;
         }
-        let kafka = if args.no_publisher {
+        let kafka = if !roles.publisher {
             None
         } else {
             let kafka = args.kafka.settings()?;
@@ -162,10 +170,7 @@ impl Settings {
             kafka,
             http: args.http,
             shutdown: args.shutdown,
-            roles: Roles {
-                worker: !args.no_worker,
-                publisher: !args.no_publisher,
-            },
+            roles,
         })
     }
 
@@ -193,11 +198,12 @@ fn check_liveness_spans_a_tick(
         return Ok(());
     }
     Err(ConfigError::new(
-        "LIVENESS_WINDOW",
+        catalog::LIVENESS_WINDOW.name(),
         format!(
-            "{} must be longer than EXPIRATION_INTERVAL ({}): an idle instance completes \
-             a cycle once per tick, so /healthz would fail between ticks",
+            "{} must be longer than {} ({}): an idle instance completes a cycle once per \
+             tick, so /healthz would fail between ticks",
             http.liveness_window.as_text(),
+            catalog::EXPIRATION_INTERVAL.name(),
             expiry.interval.as_text(),
         ),
     ))
@@ -206,117 +212,13 @@ fn check_liveness_spans_a_tick(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn database_url_errors_never_echo_the_password() {
-        for raw in [
-            "mysql://u:s3cret@h/db",
-            "postgres://u:s3cret@h,/db",
-            "not a url s3cret",
-            "postgres://u:s3cret@h:99999/db",
-        ] {
-            let err = DatabaseUrl::parse(raw).unwrap_err();
-            assert_eq!(err.setting, "DATABASE_URL");
-            assert!(!err.to_string().contains("s3cret"), "{err}");
-        }
-        let url = DatabaseUrl::parse("postgres://u:s3cret@h:5432/db").unwrap();
-        assert!(!format!("{url:?}").contains("s3cret"));
-    }
-
-    /// Issue 25's defects, through the settings type: the password printed
-    /// when it held a '/', and `sslmode` lost after a '?' in the password.
-    #[test]
-    fn issue_25_passwords_are_redacted_and_sslmode_read() {
-        for (raw, password) in [
-            ("postgres://app:ab/cd+ef==@host/booking", "ab/cd+ef=="),
-            ("postgres://app:a?b@host/booking?sslmode=require", "a?b"),
-            ("postgres://app:p@ss@host/booking?sslmode=require", "p@ss"),
-            ("postgres://app:x#y z@host/booking?sslmode=require", "x#y z"),
-        ] {
-            let url = DatabaseUrl::parse(raw).unwrap_or_else(|e| panic!("{raw}: {e}"));
-            assert!(!url.redacted().contains(password), "{}", url.redacted());
-            assert!(!format!("{url:?}").contains(password), "{url:?}");
-            assert!(
-                url.redacted()
-                    .starts_with("postgres://app:***@host/booking"),
-                "{}",
-                url.redacted()
-            );
-            if raw.contains("sslmode=require") {
-                assert_eq!(url.tls().mode, pg_tls::SslMode::Require, "{raw}");
-            }
-        }
-    }
-
-    #[test]
-    fn database_url_parameters_tokio_postgres_refuses_are_named() {
-        for option in ["sslsni", "gssencmode", "sslpassword", "service", "passfile"] {
-            let err =
-                DatabaseUrl::parse(&format!("postgres://u:s3cret@h/db?{option}=1")).unwrap_err();
-            assert_eq!(
-                err.to_string(),
-                format!("DATABASE_URL: invalid connection string (unknown option `{option}`)")
-            );
-        }
-        let err =
-            DatabaseUrl::parse("postgres://u:s3cret@h/db?connect_timeout=s3cret").unwrap_err();
-        assert!(err.problem.contains("`connect_timeout`"), "{err}");
-        assert!(!err.to_string().contains("s3cret"), "{err}");
-        let url =
-            DatabaseUrl::parse("postgres://u:s3cret@h/db?sslmode=verify-full&application_name=x")
-                .unwrap();
-        let config = url.config();
-        assert_eq!(config.get_application_name(), Some("x"));
-        assert_eq!(config.get_password(), Some(&b"s3cret"[..]));
-        assert_eq!(config.get_dbname(), Some("db"));
-        assert!(!format!("{url:?}").contains("s3cret"));
-        assert!(!format!("{config:?}").contains("s3cret"));
-    }
+    use crate::libpq::DatabaseUrl;
 
     fn database(statement_timeout: Duration) -> DatabaseSettings {
         DatabaseSettings {
             statement_timeout,
             ..DatabaseSettings::new(DatabaseUrl::parse("postgres://h/db").unwrap())
         }
-    }
-
-    #[test]
-    fn multi_host_urls_parse_and_never_print_the_password() {
-        let raw = "postgres://u:s3cret@h1:5433,h2:5434/db?target_session_attrs=read-write\
-                   &sslmode=verify-full&application_name=x";
-        let url = DatabaseUrl::parse(raw).unwrap();
-        assert_eq!(url.tls().mode, pg_tls::SslMode::VerifyFull);
-        let config = url.config();
-        assert_eq!(config.get_application_name(), Some("x"));
-        assert_eq!(config.get_user(), Some("u"));
-        assert_eq!(config.get_hosts().len(), 2);
-        assert_eq!(config.get_ports(), [5433, 5434]);
-        assert_eq!(
-            config.get_target_session_attrs(),
-            tokio_postgres::config::TargetSessionAttrs::ReadWrite
-        );
-        assert!(url.wants_read_write());
-        assert!(
-            !DatabaseUrl::parse("postgres://u@h1,h2/db")
-                .unwrap()
-                .wants_read_write()
-        );
-        assert_eq!(
-            url.redacted(),
-            "postgres://u:***@h1:5433,h2:5434/db?target_session_attrs=read-write\
-             &sslmode=verify-full&application_name=x"
-        );
-        assert!(!format!("{url:?}").contains("s3cret"));
-        for bad in [
-            "postgres://u:s3cret@h1:5433,h2:99999/db",
-            "postgres://u:s3cret@h1,/db",
-            "postgres://u:s3cret@h1,h2/db?target_session_attrs=primary-ish",
-        ] {
-            let error = DatabaseUrl::parse(bad).unwrap_err();
-            assert!(!error.to_string().contains("s3cret"), "{error}");
-        }
-        let url = DatabaseUrl::parse("postgres://u@h/db?password=s3cret&user=v").unwrap();
-        assert_eq!(url.redacted(), "postgres://u@h/db?password=***&user=v");
     }
 
     #[test]

@@ -22,7 +22,9 @@
 //! - [`tls`]: what TLS to PostgreSQL and to Kafka share: the pure-Rust
 //!   crypto provider, the bundled roots, PEM files.
 //! - [`telemetry`]: logging setup, metrics, health, the HTTP endpoints.
-//! - [`config`]: typed, validated settings; [`clock`]: the time seam;
+//! - [`config`]: typed, validated settings; [`libpq`]: what libpq's URL,
+//!   `PG*` variables, password file and `sslmode`s mean, as a connection
+//!   plan; [`clock`]: the time seam;
 //!   [`context`]: what every long-running task shares (pool, clock,
 //!   metrics, health).
 //! - [`app`]: wiring of the commands used by the binary.
@@ -42,6 +44,7 @@
 //! 5. [`events`]
 //! 6. [`domain`]
 //! 7. [`config`], [`clock`], [`tls`]
+//! 8. [`libpq`]
 //!
 //! ## Rooms of `expiry`
 //!
@@ -73,20 +76,25 @@
 //! ## Rooms of `config`
 //!
 //! 1. `cli`
-//! 2. `expiry`, `http`, `publisher`, `seed`, `libpq_env`
-//! 3. `parse`
-//! 4. `ranges`
-//! 5. `defaults`
+//! 2. `expiry`, `http`, `publisher`, `seed`
+//! 3. `catalog`
+//! 4. `setting`
+//! 5. `parse`
 //! 6. `kafka`, `database`
-//! 7. `pg_tls`, `secret`, `pgpass`
-//! 8. `pg_url`
+//! 7. `secret`
 //!
-//! Allowed against the order: `kafka` -> `defaults`, `database` ->
-//! `defaults` (`KafkaSettings::new` and `DatabaseSettings::new` fill in
-//! the named defaults, which are typed with those rooms' own value types:
-//! `Compression`, `SecurityProtocol`, `Pooler`); `database` -> `libpq_env`
-//! (a URL's settings are completed from libpq's variables, a group of
-//! flags clap parses with the settings' parsers).
+//! Allowed against the order: `kafka` -> `catalog`, `database` ->
+//! `catalog` (`KafkaSettings::new` and `DatabaseSettings::new` fill in
+//! the declared defaults, and errors name the settings as declared; the
+//! declarations are typed with those rooms' own value types:
+//! `Compression`, `SecurityProtocol`, `Pooler`).
+//!
+//! ## Rooms of `libpq`
+//!
+//! 1. `conninfo`
+//! 2. `env`
+//! 3. `ssl`, `pgpass`
+//! 4. `url`
 
 // The design's guard rails: no unsafe code anywhere, idiomatic 2018+ Rust,
 // and every public type debuggable. clippy.toml keeps the wall clock behind
@@ -102,6 +110,7 @@ pub mod db;
 pub mod domain;
 pub mod events;
 pub mod expiry;
+pub mod libpq;
 pub mod outbox;
 pub mod telemetry;
 pub mod tls;

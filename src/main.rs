@@ -166,7 +166,7 @@ fn execute(command: Command) -> anyhow::Result<()> {
                     expired_to: args.expired_to,
                 },
                 dry_run: args.dry_run,
-                batch_size: args.batch_size,
+                batch_size: args.batch.batch_size,
                 after: args.after,
                 replay_id: args.replay_id,
             };

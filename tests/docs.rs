@@ -6,6 +6,9 @@
 //!   doc comment of `src/main.rs` are the ones the code returns: 0, the
 //!   fallback of `src/main.rs`'s `fail`, and every arm of
 //!   `AppError::exit_code` in `src/app.rs` (2 is also clap's usage error).
+//! - The settings table and the "Ranges" table of docs/configuration.md
+//!   against the settings' declarations (`src/config/catalog.rs`): each
+//!   declared variable's row, default and range, each range's row.
 //! - The settings table of docs/configuration.md against the binary's
 //!   `--help` (every command's): each variable `--help` names (`[env: …]`)
 //!   has a row and each row's variable is in `--help`, but for the few the
@@ -323,13 +326,13 @@ const DEFAULTS_SET_IN_CODE: [(&str, &str, &str, &str); 3] = [
     (
         "PGHOST",
         "/var/run/postgresql",
-        "src/config/pgpass.rs",
+        "src/libpq/pgpass.rs",
         "DEFAULT_SOCKET_DIR: &str = \"/var/run/postgresql\"",
     ),
     (
         "PGPORT",
         "5432",
-        "src/config/pgpass.rs",
+        "src/libpq/pgpass.rs",
         "DEFAULT_PORT: u16 = 5432",
     ),
     (
@@ -513,6 +516,74 @@ fn the_readme_figures_are_rows_the_bench_printed() {
         "README.md's headline figures that are no row of docs/benchmarks.md's figures table \
          (copy the row as the bench printed it, without the load column):\n{}",
         missing.join("\n")
+    );
+}
+
+/// docs/configuration.md against the settings' declarations
+/// (`src/config/catalog.rs`): every declared variable has a row in the
+/// settings table with its declared default and range, every range has a
+/// row in "Ranges", and every variable of the table is declared (or read
+/// outside the command line).
+#[test]
+fn the_configuration_page_matches_the_declarations() {
+    use booking_expiration::config::catalog;
+    let page = read("docs/configuration.md");
+    let table = settings_table(&page, "## Settings", "docs/configuration.md");
+    let ranges: Vec<Vec<String>> = table_after(&page, "## Ranges");
+    let mut wrong = Vec::new();
+    for setting in catalog::ALL {
+        let range = setting.range_text();
+        if let Some(variable) = setting.variable() {
+            let Some(cell) = table.get(variable) else {
+                wrong.push(format!("{variable}: no row in the settings table"));
+                continue;
+            };
+            if let Some(default) = setting.default_text()
+                && literal(cell) != Some(default.as_str())
+            {
+                wrong.push(format!(
+                    "{variable}: the table's default is {cell:?}, declared `{default}`"
+                ));
+            }
+        }
+        let Some(range) = range else { continue };
+        let name = format!("`{}`", setting.name());
+        let rows: Vec<&Vec<String>> = ranges
+            .iter()
+            .filter(|cells| cells[0].contains(&name))
+            .collect();
+        match rows.as_slice() {
+            [row] if row[1].starts_with(&range) => {}
+            _ => wrong.push(format!(
+                "{}: \"Ranges\" needs one row saying {range:?}, has {rows:?}",
+                setting.name()
+            )),
+        }
+        if let Some(variable) = setting.variable() {
+            let rows = table_after(&page, "## Settings");
+            let row = rows
+                .iter()
+                .find(|cells| code_spans(&cells[0]).iter().any(|c| c == variable));
+            if !row.is_some_and(|cells| cells[1].contains(&range)) {
+                wrong.push(format!(
+                    "{variable}: the settings table does not say {range:?}"
+                ));
+            }
+        }
+    }
+    let declared: BTreeSet<&str> = catalog::ALL.iter().filter_map(|s| s.variable()).collect();
+    for variable in table.keys() {
+        let outside = READ_OUTSIDE_THE_COMMAND_LINE
+            .iter()
+            .any(|(v, _, _)| v == variable);
+        if !declared.contains(variable.as_str()) && !outside {
+            wrong.push(format!("{variable}: in the table, declared nowhere"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/configuration.md:\n{}",
+        wrong.join("\n")
     );
 }
 

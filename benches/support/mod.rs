@@ -14,7 +14,7 @@ use std::{
 };
 
 use anyhow::Result;
-use booking_expiration::config::{DatabaseSettings, DatabaseUrl};
+use booking_expiration::{config::DatabaseSettings, libpq::DatabaseUrl};
 use diesel::{QueryableByName, sql_types::Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde::{Deserialize, Serialize};

@@ -1,142 +1,15 @@
 //! Value parsers: each turns the text of one setting into its type or says
-//! what is wrong with it (never echoing a secret). [`setting`] makes one a
-//! clap value parser whose error is a [`ConfigError`] naming the setting;
-//! [`within`], [`within_or_off`] and [`count_within`] make one that also
-//! keeps the value in its range ([`super::ranges`]) and names the range
-//! in every refusal.
+//! what is wrong with it (never echoing a secret). [`super::setting`]
+//! names the setting in the refusal; durations and counts are read there,
+//! within their ranges.
 
-use std::{ffi::OsStr, fmt, net::SocketAddr, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{Arg, builder::TypedValueParser};
-
-use super::{
-    Compression, ConfigError, DatabaseUrl, Pooler, SaslMechanism, SecurityProtocol, ranges::Range,
-};
+use super::{Compression, Pooler, SaslMechanism, SecurityProtocol};
+use crate::libpq::url::PgUrl;
 
 /// What is wrong with a value, without the setting's name.
 pub type Problem = String;
-
-/// A clap value parser for one setting: a parse function, with its problem
-/// turned into a [`ConfigError`] naming the setting's environment variable
-/// (or its flag, for flags without one). `main` prints that error as the
-/// one line of an exit 2; see [`ConfigError::from_clap`].
-pub struct Setting<T>(Arc<Parse<T>>);
-
-/// A parse function, with what it captured (a range, say).
-type Parse<T> = dyn Fn(&str) -> Result<T, Problem> + Send + Sync;
-
-/// See [`Setting`].
-pub fn setting<T: 'static>(parse: fn(&str) -> Result<T, Problem>) -> Setting<T> {
-    Setting(Arc::new(parse))
-}
-
-impl<T> Setting<T> {
-    /// The value of `raw`, or its problem (without the setting's name).
-    pub fn parse_text(&self, raw: &str) -> Result<T, Problem> {
-        (self.0)(raw)
-    }
-}
-
-impl<T> Clone for Setting<T> {
-    fn clone(&self) -> Self {
-        Self(Arc::clone(&self.0))
-    }
-}
-
-impl<T> fmt::Debug for Setting<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Setting")
-    }
-}
-
-impl<T: Clone + Send + Sync + 'static> TypedValueParser for Setting<T> {
-    type Value = T;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&Arg>,
-        value: &OsStr,
-    ) -> Result<T, clap::Error> {
-        let (parse, name) = (Arc::clone(&self.0), setting_name(arg));
-        // clap keeps the closure's error as the source of its own error.
-        let named =
-            move |raw: &str| parse(raw).map_err(|problem| ConfigError::new(name.clone(), problem));
-        named.parse_ref(cmd, arg, value)
-    }
-}
-
-/// A duration in `range`. Anything else, unreadable text included, is
-/// refused with the range.
-pub fn within(range: &'static Range<Duration>) -> Setting<Duration> {
-    Setting(Arc::new(move |raw: &str| {
-        let value = duration(raw).map_err(|_| {
-            format!(
-                "must be a duration from {} (like 500ms, 1s or 60s), got {raw:?}",
-                range.text()
-            )
-        })?;
-        range.check(value)
-    }))
-}
-
-/// A duration in `range`, or `off` for none.
-pub fn within_or_off(range: &'static Range<Duration>) -> Setting<Option<Duration>> {
-    Setting(Arc::new(move |raw: &str| {
-        if raw.trim() == "off" {
-            return Ok(None);
-        }
-        let value = duration(raw).map_err(|_| {
-            format!(
-                "must be off or a duration from {} (like 500ms, 1s or 60s), got {raw:?}",
-                range.text()
-            )
-        })?;
-        range
-            .check(value)
-            .map(Some)
-            .map_err(|problem| format!("{problem} (or off)"))
-    }))
-}
-
-/// A whole number in `range`, as `T` (which must hold every number of the
-/// range: the settings' tests parse each range's bounds).
-pub fn count_within<T>(range: &'static Range<u64>) -> Setting<T>
-where
-    T: TryFrom<u64> + Clone + Send + Sync + 'static,
-{
-    Setting(Arc::new(move |raw: &str| {
-        let value: i128 = raw
-            .trim()
-            .parse()
-            .map_err(|_| format!("must be a whole number from {}, got {raw:?}", range.text()))?;
-        let out_of_range = || format!("must be from {}, got {value}", range.text());
-        let value = u64::try_from(value).map_err(|_| out_of_range())?;
-        let value = range.check(value)?;
-        T::try_from(value).map_err(|_| out_of_range())
-    }))
-}
-
-/// A setting's id is its variable name (see the module docs of
-/// [`crate::config`]); a flag without a variable is named by its flag.
-fn setting_name(arg: Option<&Arg>) -> String {
-    let Some(arg) = arg else {
-        return "a setting".to_owned();
-    };
-    let id = arg.get_id().as_str();
-    let is_variable = id
-        .chars()
-        .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
-    match arg.get_long() {
-        Some(long) if !is_variable => format!("--{long}"),
-        _ => id.to_owned(),
-    }
-}
-
-/// A humantime duration (`500ms`, `1s`, `60s`, `2m`), for [`within`].
-fn duration(raw: &str) -> Result<Duration, humantime::DurationError> {
-    humantime::parse_duration(raw.trim())
-}
 
 /// An on/off setting: `true`/`false` (also `on`/`off`, `yes`/`no`, `1`/`0`).
 pub fn switch(raw: &str) -> Result<bool, Problem> {
@@ -178,11 +51,6 @@ pub fn topic(raw: &str) -> Result<String, Problem> {
     }
 }
 
-/// A PostgreSQL URL; see [`DatabaseUrl::parse`].
-pub fn database_url(raw: &str) -> Result<DatabaseUrl, Problem> {
-    DatabaseUrl::parse(raw).map_err(|error| error.problem)
-}
-
 /// `none` (or empty) or `transaction`: the pooler between the worker and
 /// PostgreSQL, as far as it matters to the worker. A pooler in session mode
 /// keeps each client on one server connection, so it is `none` here.
@@ -194,6 +62,23 @@ pub fn pooler(raw: &str) -> Result<Pooler, Problem> {
             "{other:?} is not none or transaction (a pooler in session mode is none)"
         )),
     }
+}
+
+/// A PostgreSQL URL's grammar (libpq's, [`PgUrl::parse`]): what it means,
+/// its TLS parameters included, is settled with libpq's environment
+/// ([`super::DatabaseArgs::settings`]).
+pub fn pg_url(raw: &str) -> Result<PgUrl, Problem> {
+    PgUrl::parse(raw).map_err(|error| error.to_string())
+}
+
+/// Any text (an empty variable of libpq's is unset: libpq's rules say so).
+pub fn text(raw: &str) -> Result<String, Problem> {
+    Ok(raw.to_owned())
+}
+
+/// A file's path, as given.
+pub fn path(raw: &str) -> Result<PathBuf, Problem> {
+    Ok(PathBuf::from(raw))
 }
 
 /// The `host:port` servers of a comma-separated list.
@@ -274,80 +159,7 @@ pub fn security_protocol(raw: &str) -> Result<Option<SecurityProtocol>, Problem>
 
 #[cfg(test)]
 mod tests {
-    use super::{super::ranges, *};
-
-    #[test]
-    fn counts_keep_their_range() {
-        let batch = count_within::<u32>(&ranges::EXPIRATION_BATCH_SIZE);
-        assert_eq!(batch.parse_text("200"), Ok(200));
-        assert_eq!(batch.parse_text(" 100000 "), Ok(100_000));
-        for (bad, problem) in [
-            ("0", "must be from 1 to 100000, got 0"),
-            ("-5", "must be from 1 to 100000, got -5"),
-            ("100001", "must be from 1 to 100000, got 100001"),
-            (
-                "100000000000000000000000000",
-                "must be from 1 to 100000, got 100000000000000000000000000",
-            ),
-            (
-                "abc",
-                "must be a whole number from 1 to 100000, got \"abc\"",
-            ),
-            ("", "must be a whole number from 1 to 100000, got \"\""),
-            (
-                "1.5",
-                "must be a whole number from 1 to 100000, got \"1.5\"",
-            ),
-        ] {
-            assert_eq!(batch.parse_text(bad), Err(problem.to_owned()), "{bad}");
-        }
-        let replicas = count_within::<i16>(&ranges::KAFKA_REPLICATION_FACTOR);
-        assert_eq!(replicas.parse_text("32"), Ok(32_i16));
-        let seed = count_within::<u64>(&ranges::SEED_POISON);
-        assert_eq!(seed.parse_text("0"), Ok(0));
-    }
-
-    #[test]
-    fn durations_keep_their_range() {
-        let gap = within(&ranges::EXPIRATION_MIN_GAP);
-        assert_eq!(gap.parse_text("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(gap.parse_text(" 1m "), Ok(Duration::from_secs(60)));
-        for (bad, problem) in [
-            ("0", "must be from 50ms to 60s, got 0s"),
-            ("49ms", "must be from 50ms to 60s, got 49ms"),
-            ("10000000d", "must be from 50ms to 60s, got 10000000d"),
-            (
-                "soon",
-                "must be a duration from 50ms to 60s (like 500ms, 1s or 60s), got \"soon\"",
-            ),
-            (
-                "-1s",
-                "must be a duration from 50ms to 60s (like 500ms, 1s or 60s), got \"-1s\"",
-            ),
-            (
-                "18446744073709551616s",
-                "must be a duration from 50ms to 60s (like 500ms, 1s or 60s), \
-                 got \"18446744073709551616s\"",
-            ),
-        ] {
-            assert_eq!(gap.parse_text(bad), Err(problem.to_owned()), "{bad}");
-        }
-        let skew = within_or_off(&ranges::EXPIRATION_MAX_CLOCK_SKEW);
-        assert_eq!(skew.parse_text(" off "), Ok(None));
-        assert_eq!(skew.parse_text("2s"), Ok(Some(Duration::from_secs(2))));
-        assert_eq!(skew.parse_text("0s"), Ok(Some(Duration::ZERO)));
-        assert_eq!(
-            skew.parse_text("10000000d"),
-            Err("must be from 0s to 1h, got 10000000d (or off)".to_owned())
-        );
-        assert_eq!(
-            skew.parse_text("never"),
-            Err(
-                "must be off or a duration from 0s to 1h (like 500ms, 1s or 60s), got \"never\""
-                    .to_owned()
-            )
-        );
-    }
+    use super::*;
 
     #[test]
     fn the_rest() {

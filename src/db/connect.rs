@@ -13,9 +13,12 @@ use tokio_postgres::config::SslMode as WireSslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::tls::{TlsFileError, client_config, cpu_supported};
-use crate::config::{
-    DatabaseUrl, Pooler,
-    pg_tls::{PgTls, RootCerts, SslMode},
+use crate::{
+    config::Pooler,
+    libpq::{
+        DatabaseUrl,
+        ssl::{PgTls, RootCerts, SslMode},
+    },
 };
 
 /// Why one connection attempt failed.

@@ -11,7 +11,10 @@ use diesel_async::{
 use futures_util::FutureExt;
 
 use super::DbError;
-use crate::config::{DatabaseSettings, DatabaseUrl, Pooler};
+use crate::{
+    config::{DatabaseSettings, Pooler},
+    libpq::DatabaseUrl,
+};
 
 pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 pub type PooledConnection<'a> =
@@ -176,7 +179,7 @@ pub async fn ping(pool: &PgPool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DatabaseUrl, ranges};
+    use crate::{config::catalog::DATABASE_STATEMENT_TIMEOUT, libpq::DatabaseUrl};
 
     /// The issue's `SET` failure: PostgreSQL takes its timeouts as int
     /// milliseconds, and the idle limit is twice the statement timeout. At
@@ -184,10 +187,8 @@ mod tests {
     #[test]
     fn the_session_limits_fit_postgres_int_milliseconds_across_the_range() {
         let url = DatabaseUrl::parse("postgres://u@h/db").expect("a URL");
-        for statement_timeout in [
-            ranges::DATABASE_STATEMENT_TIMEOUT.min,
-            ranges::DATABASE_STATEMENT_TIMEOUT.max,
-        ] {
+        let range = DATABASE_STATEMENT_TIMEOUT.range().expect("a range");
+        for statement_timeout in [range.min, range.max] {
             let settings = DatabaseSettings {
                 statement_timeout,
                 ..DatabaseSettings::new(url.clone())

@@ -21,9 +21,12 @@ use rustls::{
     server::ParsedCertificate,
 };
 
-use crate::config::{
-    ConfigError, DatabaseUrl,
-    pg_tls::{PgTls, RootCerts, Verify},
+use crate::{
+    config::ConfigError,
+    libpq::{
+        DatabaseUrl,
+        ssl::{PgTls, RootCerts, Verify},
+    },
 };
 
 pub use crate::tls::{TlsFileError, cpu_supported};

@@ -16,7 +16,7 @@ use std::{
     time::Duration,
 };
 
-use booking_expiration::config::pg_url::percent_encode;
+use booking_expiration::libpq::url::percent_encode;
 use testkit::postgres::Postgres;
 
 use crate::support::*;

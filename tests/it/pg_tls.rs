@@ -11,10 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use booking_expiration::{
-    config::{DatabaseSettings, DatabaseUrl},
-    db,
-};
+use booking_expiration::{config::DatabaseSettings, db, libpq::DatabaseUrl};
 use diesel::{QueryableByName, sql_types::Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use testkit::{postgres::Postgres, run_script};

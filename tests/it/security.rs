@@ -10,14 +10,14 @@
 //! `/metrics`, `/healthz`, `/readyz`, the exported spans' attributes and
 //! `--help`. (`Debug` of the settings, which a panic message would print,
 //! is checked with many more passwords by the unit property tests in
-//! src/config.rs and src/config/pg_url.rs.)
+//! src/libpq/conninfo.rs and src/libpq/url.rs.)
 //!
 //! Also: `sslmode` is obeyed whatever the password holds (issue 25: a `?`
 //! in the password hid it, and `require` became `prefer`).
 
 use std::time::Duration;
 
-use booking_expiration::config::pg_url::{PgUrl, percent_encode as encode_all};
+use booking_expiration::libpq::url::{PgUrl, percent_encode as encode_all};
 use proptest::{
     strategy::{Strategy, ValueTree},
     test_runner::TestRunner,

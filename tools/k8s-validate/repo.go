@@ -22,9 +22,10 @@ import (
 type Repo struct {
 	// Paths the HTTP server answers (src/telemetry/http.rs).
 	Routes map[string]bool
-	// Environment variables the binary reads (clap `env = "…"` and env::var).
+	// Environment variables the binary reads (its settings, declared in
+	// src/config/catalog.rs, clap `env = "…"` and env::var).
 	EnvVars map[string]bool
-	// Typed defaults (src/config/defaults.rs) and STOP_MARGIN (src/config.rs).
+	// Declared defaults (src/config/catalog.rs) and STOP_MARGIN (src/config.rs).
 	ShutdownGrace, KafkaRequestTimeout, StopMargin time.Duration
 	// How long /readyz waits for the database (src/db/pool.rs).
 	DBPingTimeout time.Duration
@@ -49,7 +50,39 @@ var (
 	commandRe  = regexp.MustCompile(`(?s)pub enum Command \{(.*?)\n\}`)
 	variantRe  = regexp.MustCompile(`(?m)^    ([A-Z][A-Za-z]*)\s*[({,]`)
 	stopBodyRe = regexp.MustCompile(`(?s)pub fn stop_grace\(&self\) -> Duration \{(.*?)\n    \}`)
+	// A setting's declaration in src/config/catalog.rs, to the end of its
+	// help text: `    NAME: Type = default => values, "help";`.
+	declarationRe = regexp.MustCompile(`(?ms)^    ([A-Z][A-Z0-9_]*): (.*?)";$`)
+	// A declared duration default: `= secs(10) =>`.
+	declaredDurationRe = regexp.MustCompile(`^[^=]*= (ms|secs|minutes|hours|days)\((\d+)\)\s*=>`)
 )
+
+// declarations reads the settings of src/config/catalog.rs: each name and
+// the rest of its declaration.
+func declarations(source string) map[string]string {
+	found := map[string]string{}
+	for _, m := range declarationRe.FindAllStringSubmatch(source, -1) {
+		found[m[1]] = m[2]
+	}
+	return found
+}
+
+// declaredDuration is the default of a setting declared `NAME: Duration = secs(N) => …`.
+func declaredDuration(decls map[string]string, name string) (time.Duration, error) {
+	m := declaredDurationRe.FindStringSubmatch(decls[name])
+	if m == nil {
+		return 0, fmt.Errorf("setting %s (Duration = ms/secs/minutes/hours/days(N)) not found", name)
+	}
+	n, err := strconv.ParseInt(m[2], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	unit := map[string]time.Duration{
+		"ms": time.Millisecond, "secs": time.Second, "minutes": time.Minute,
+		"hours": time.Hour, "days": 24 * time.Hour,
+	}[m[1]]
+	return time.Duration(n) * unit, nil
+}
 
 // durationConst finds `pub const NAME: Duration = Duration::from_secs(N);` (or from_millis).
 func durationConst(source, name string) (time.Duration, error) {
@@ -120,15 +153,22 @@ func LoadRepo(root string) (*Repo, error) {
 	// Read by tracing-subscriber's EnvFilter::try_from_default_env, not by name in src/.
 	repo.EnvVars["RUST_LOG"] = true
 
-	defaults, err := readText(root, "src/config/defaults.rs")
+	catalog, err := readText(root, "src/config/catalog.rs")
 	if err != nil {
 		return nil, err
 	}
-	if repo.ShutdownGrace, err = durationConst(defaults, "SHUTDOWN_GRACE"); err != nil {
-		return nil, fmt.Errorf("src/config/defaults.rs: %w", err)
+	decls := declarations(catalog)
+	for name, rest := range decls {
+		// A flag without a variable (`seed --spread`) is no variable.
+		if !strings.Contains(rest, ".flag(\"") {
+			repo.EnvVars[name] = true
+		}
 	}
-	if repo.KafkaRequestTimeout, err = durationConst(defaults, "KAFKA_REQUEST_TIMEOUT"); err != nil {
-		return nil, fmt.Errorf("src/config/defaults.rs: %w", err)
+	if repo.ShutdownGrace, err = declaredDuration(decls, "SHUTDOWN_GRACE"); err != nil {
+		return nil, fmt.Errorf("src/config/catalog.rs: %w", err)
+	}
+	if repo.KafkaRequestTimeout, err = declaredDuration(decls, "KAFKA_REQUEST_TIMEOUT"); err != nil {
+		return nil, fmt.Errorf("src/config/catalog.rs: %w", err)
 	}
 	config, err := readText(root, "src/config.rs")
 	if err != nil {

@@ -26,8 +26,9 @@ use std::{
 
 use anyhow::{Context, Result, ensure};
 use booking_expiration::{
-    config::{DatabaseSettings, DatabaseUrl},
+    config::DatabaseSettings,
     db::{self, migrate::MIGRATIONS},
+    libpq::DatabaseUrl,
 };
 use diesel_async::{
     AsyncConnection, AsyncMigrationHarness, AsyncPgConnection, SimpleAsyncConnection,

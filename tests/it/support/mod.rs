@@ -21,7 +21,8 @@ use std::{
 
 use booking_expiration::{
     clock::ManualClock,
-    config::{DatabaseSettings, DatabaseUrl, EventSettings, ExpirySettings, KafkaSettings},
+    config::{DatabaseSettings, EventSettings, ExpirySettings, KafkaSettings},
+    libpq::DatabaseUrl,
 };
 use chrono::{DateTime, TimeZone, Utc};
 

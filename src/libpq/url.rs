@@ -108,7 +108,7 @@ pub struct PgUrl {
 }
 
 /// The parameters tokio-postgres takes, and libpq's TLS parameters
-/// (handled by [`super::pg_tls`]). Anything else is refused.
+/// (handled by [`super::ssl`]). Anything else is refused.
 pub const KNOWN_PARAMETERS: [&str; 22] = [
     "user",
     "password",

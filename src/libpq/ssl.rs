@@ -13,7 +13,7 @@
 
 use std::{fmt, path::PathBuf};
 
-use super::pg_url::PgUrl;
+use super::url::PgUrl;
 
 /// libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,7 +23,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use super::pg_url::Password;
+use super::url::Password;
 
 /// libpq's default Unix socket directory as Debian builds it
 /// (`DEFAULT_PGSOCKET_DIR`); upstream's default is `/tmp`. A URL with no
