@@ -3,6 +3,7 @@
 
 mod republish;
 mod status;
+mod tasks;
 
 use std::{sync::Arc, time::Duration};
 
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use republish::{RepublishReport, RepublishRequest, RepublishedEvent, republish};
 pub use status::{PhaseStatus, PoisonRow, StatusReport, status};
+pub use tasks::{TaskEnded, Tasks};
 
 use crate::{
     clock::{Clock, SystemClock},
@@ -41,6 +43,10 @@ pub enum AppError {
     /// `migrate --check` found migrations to apply.
     #[error("{0} migration(s) pending: run `booking-expiration migrate`")]
     MigrationsPending(usize),
+    /// A task of `run` ended while the process ran (a defect): the others
+    /// were stopped.
+    #[error(transparent)]
+    TaskEnded(#[from] TaskEnded),
     /// `republish` stopped between batches (a signal); `resume` is the
     /// whole command that continues it ([`RepublishRequest::resume_command`]).
     #[error("republish stopped before the end: resume with {resume}")]
@@ -54,6 +60,8 @@ impl AppError {
         match self {
             AppError::Config(_) => 2,
             AppError::MigrationsPending(_) => 3,
+            // EX_SOFTWARE: an internal failure, not the environment's.
+            AppError::TaskEnded(_) => 70,
             _ => 1,
         }
     }
@@ -207,24 +215,27 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
              idle_in_transaction_session_timeout come from the database role"
         );
     }
-    let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(http::serve(
-        listener,
-        http::HttpState {
-            clock: Arc::clone(&context.clock),
-            metrics: Arc::clone(&context.metrics),
-            health: Arc::clone(&context.health),
-            database: {
-                let pool = pool.clone();
-                Arc::new(move || {
+    let mut tasks = Tasks::default();
+    tasks.spawn(
+        "http",
+        http::serve(
+            listener,
+            http::HttpState {
+                clock: Arc::clone(&context.clock),
+                metrics: Arc::clone(&context.metrics),
+                health: Arc::clone(&context.health),
+                database: {
                     let pool = pool.clone();
-                    Box::pin(async move { db::ping(&pool).await })
-                })
+                    Arc::new(move || {
+                        let pool = pool.clone();
+                        Box::pin(async move { db::ping(&pool).await })
+                    })
+                },
+                liveness_window: http_settings.liveness_window,
             },
-            liveness_window: http_settings.liveness_window,
-        },
-        shutdown.clone(),
-    ));
+            shutdown.clone(),
+        ),
+    );
 
     if !wait_for_database(&db_settings, &shutdown).await? {
         shutdown.cancel();
@@ -245,7 +256,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     if !shutdown.is_cancelled() {
         // The outbox lag gauges on every instance, publisher or not: an
         // instance that only expires still shows how far publishing lags.
-        tasks.spawn(LagStats::new(&context).run(shutdown.clone()));
+        tasks.spawn("lag stats", LagStats::new(&context).run(shutdown.clone()));
     }
     if let Some(kafka_settings) = kafka_settings
         && !shutdown.is_cancelled()
@@ -256,11 +267,10 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         // no session, so without a direct URL the publisher only polls.
         match db_settings.session() {
             Some(session) => {
-                tasks.spawn(outbox::listen_for_commits(
-                    session,
-                    Arc::clone(&wake),
-                    shutdown.clone(),
-                ));
+                tasks.spawn(
+                    "commit listener",
+                    outbox::listen_for_commits(session, Arc::clone(&wake), shutdown.clone()),
+                );
             }
             None => tracing::info!(
                 poll_interval_ms = publisher_settings.poll_interval.as_millis() as u64,
@@ -289,11 +299,14 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         // (its metadata reads are the broker's readiness check) and
         // retention.
         let stop = shutdown.clone();
-        tasks.spawn(async move {
+        tasks.spawn("publisher", async move {
             publisher.run(wake, stop).await;
         });
         if !retention.is_zero() {
-            tasks.spawn(RetentionSweep::new(&context, retention).run(shutdown.clone()));
+            tasks.spawn(
+                "retention",
+                RetentionSweep::new(&context, retention).run(shutdown.clone()),
+            );
         }
     }
     if roles.worker && !shutdown.is_cancelled() {
@@ -303,32 +316,27 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
             Some(handoff) => worker.hand_off(handoff),
             None => worker,
         };
-        tasks.spawn(scheduler::run(
-            Arc::new(worker),
-            context.clone(),
-            shutdown.clone(),
-        ));
+        tasks.spawn(
+            "expiry",
+            scheduler::run(Arc::new(worker), context.clone(), shutdown.clone()),
+        );
     }
     // A handoff no expiry took closes now: at shutdown the publisher waits
     // for the expiry's end of it to close.
     drop(handoff);
 
-    shutdown.cancelled().await;
+    // Until a signal, or a task that ends on its own (a defect).
+    let ended = tasks.watch(&shutdown).await;
     tracing::info!(grace_ms = grace.as_millis() as u64, "stopping");
-    let drained = tokio::time::timeout(grace, async {
-        while let Some(result) = tasks.join_next().await {
-            if let Err(error) = result {
-                tracing::error!(%error, "task ended abnormally");
-            }
-        }
-    })
-    .await;
-    if drained.is_err() {
+    if tokio::time::timeout(grace, tasks.join_all()).await.is_err() {
         tracing::warn!("tasks did not stop within the grace period; aborting them");
         tasks.abort_all();
     }
     tracing::info!("stopped");
-    Ok(())
+    match ended {
+        Some(ended) => Err(ended.into()),
+        None => Ok(()),
+    }
 }
 
 /// Cancels `token` on SIGTERM or SIGINT.

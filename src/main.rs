@@ -1,6 +1,7 @@
 //! The `booking-expiration` binary: parse and validate the settings, set up
 //! logging, run a command, map the outcome to an exit status (0 ok, 1
-//! failure, 2 bad configuration, 3 migrations pending).
+//! failure, 2 bad configuration, 3 migrations pending, 70 a task of `run`
+//! ended on its own).
 
 use std::{io::Write as _, process::ExitCode};
 
