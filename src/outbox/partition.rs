@@ -22,8 +22,13 @@ pub(crate) struct Held {
     pub record: OutgoingRecord,
     /// When the row was written (the outbox lag starts there).
     pub created_at: DateTime<Utc>,
-    /// When its lease was taken or last renewed.
+    /// When its lease was taken or last renewed (renewal is due at half
+    /// the lease from here).
     pub leased_at: Instant,
+    /// When its lease ends, as last confirmed by the database: the row is
+    /// not sent past it until a renewal confirms it is still this
+    /// instance's (it may be another's by then).
+    pub lease_until: Instant,
 }
 
 /// Why a partition's last try failed, while it lasts.
@@ -117,7 +122,14 @@ impl PartitionQueue {
             return None;
         }
         let cap = self.split.map_or(max, |(cap, _)| cap.min(max)).max(1);
-        self.in_flight = cap.min(self.rows.len());
+        let n = cap.min(self.rows.len());
+        if self.rows.iter().take(n).any(|row| row.lease_until <= now) {
+            // A lease ran out (the process was paused, or its renewal
+            // failed): the renewal on its way says whether the rows are
+            // still this instance's to send.
+            return None;
+        }
+        self.in_flight = n;
         self.request = request;
         Some(
             self.rows
@@ -245,6 +257,7 @@ mod tests {
             },
             created_at: DateTime::UNIX_EPOCH,
             leased_at: now,
+            lease_until: now + Duration::from_secs(15),
         }
     }
 

@@ -639,11 +639,12 @@ fn spawn_publisher(
 }
 
 /// An instance paused past its lease (its database rounds frozen 30 s, a
-/// produce on the way for 40 s as a silent broker's can be) comes back
-/// after another instance claimed its rows: its renewal finds them gone
-/// and it drops them unsent, its marks and releases leave the other's rows
-/// alone, nothing is lost and no record is written more than twice (the
-/// request it had on the way, once more by the other).
+/// produce on the way for 40 s as a silent broker's can be, a partition it
+/// keeps retrying) comes back after another instance claimed its rows: it
+/// sends none of them (a row whose lease ran out waits for the renewal,
+/// which finds it gone, and it is dropped), its marks and releases leave
+/// the other's rows alone, nothing is lost and no record is written more
+/// than twice (the request it had on the way, once more by the other).
 #[tokio::test(start_paused = true)]
 async fn a_paused_instance_leaves_the_rows_another_claimed_since() {
     let timing = Timing::default();
@@ -655,8 +656,10 @@ async fn a_paused_instance_leaves_the_rows_another_claimed_since() {
         }
     }
     let transport_a = ScriptedTransport::new(TOPIC, 3);
-    // Partition 0's first request is answered only after 40 s.
+    // Partition 0's first request is answered only after 40 s; partition 1
+    // cannot be written by A (its rows wait in A's queue, retried).
     transport_a.answer_next(TOPIC, 0, [Answer::AckAfter(Duration::from_secs(40))]);
+    transport_a.answer(TOPIC, 1, Answer::Fail(retriable("NOT_ENOUGH_REPLICAS")));
     let start = Instant::now();
     let (stop_a, task_a) = spawn_publisher(store_a.clone(), transport_a.clone(), 2);
     until("A sends partition 0", Duration::from_secs(1), || {
@@ -679,11 +682,15 @@ async fn a_paused_instance_leaves_the_rows_another_claimed_since() {
     assert!(b_wrote > 0, "B took over A's rows");
     // A thaws, its old request is answered, and it runs a while.
     tokio::time::sleep_until(start + Duration::from_secs(60)).await;
+    // Once its leases ran out unconfirmed, A sent nothing: not while
+    // frozen (B held the rows from 16 s on), not after it thawed.
+    let lease_over = start + timing.lease + Duration::from_secs(1);
+    assert!(lease_over < thaw);
     let late: Vec<Instant> = (0..3)
         .flat_map(|p| transport_a.requests(TOPIC, p))
-        .filter(|at| *at >= thaw)
+        .filter(|at| *at >= lease_over)
         .collect();
-    assert!(late.is_empty(), "A sent rows after it thawed: {late:?}");
+    assert!(late.is_empty(), "A sent rows past its lease: {late:?}");
     assert_eq!(store_a.unpublished(), 0, "nothing lost");
     assert!(store_a.parked().is_empty());
     let mut written = transport_a.written();

@@ -20,6 +20,7 @@ mod libpq_env;
 mod live_migration;
 mod logging;
 mod outbox_parking;
+mod paused_instance;
 mod pg_tls;
 mod pgbouncer;
 mod privileges;

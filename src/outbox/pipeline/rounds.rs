@@ -92,6 +92,13 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 claimed: rows,
                 lost,
             }) => {
+                let renewed: Vec<i64> = round
+                    .renew
+                    .iter()
+                    .copied()
+                    .filter(|id| !lost.contains(id))
+                    .collect();
+                self.queues.renewed(&renewed, started + round.lease);
                 if !lost.is_empty() {
                     let dropped = self.queues.drop_lost(&lost);
                     tracing::warn!(
@@ -161,6 +168,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             },
             created_at: row.created_at,
             leased_at,
+            lease_until: leased_at + self.parts.timing.lease,
         };
         self.queues.add(&row.topic, held);
     }

@@ -21,6 +21,19 @@ impl Queues {
         due
     }
 
+    /// The database confirmed the leases of `ids` until `until`.
+    pub(crate) fn renewed(&mut self, ids: &[i64], until: Instant) {
+        if ids.is_empty() {
+            return;
+        }
+        let ids: std::collections::HashSet<i64> = ids.iter().copied().collect();
+        for row in self.rows_mut() {
+            if ids.contains(&row.id) {
+                row.lease_until = row.lease_until.max(until);
+            }
+        }
+    }
+
     /// When the next lease reaches its half.
     pub(crate) fn next_renewal(&self) -> Option<Instant> {
         let half = self.timing.lease / 2;
