@@ -444,9 +444,10 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     db.exec_sql(&row("gen_random_uuid()")).await;
     let mut harness = AsyncMigrationHarness::new(db.conn().await);
     // Diesel names a migration by its version, the folder name's digits.
-    // The replay's audit indexes and the outbox leases came after the
-    // lean_outbox migration.
+    // The replay's audit indexes, the outbox leases and their owner came
+    // after the lean_outbox migration.
     for expected in [
+        "20261206000002",
         "20261206000001",
         "20261205000003",
         "20261205000002",
