@@ -72,9 +72,13 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// The open connection, if any.
+    /// The open connection, if any (one the broker closed is forgotten).
     pub(super) fn current(&self) -> Option<Arc<Connection>> {
-        lock(&self.current).clone()
+        let mut current = lock(&self.current);
+        if current.as_ref().is_some_and(|open| open.is_closed()) {
+            *current = None;
+        }
+        current.clone()
     }
 
     /// The open connection, or a new one to `endpoint` opened now, by
@@ -166,7 +170,16 @@ impl Pool {
         settings: &KafkaSettings,
         deadline: Instant,
     ) -> Result<Lease<'_>, KafkaError> {
-        let idle = lock(&self.idle).pop();
+        let idle = loop {
+            let Some(idle) = lock(&self.idle).pop() else {
+                break None;
+            };
+            // The broker closed it while idle: it is not used again.
+            if !idle.is_closed() {
+                break Some(idle);
+            }
+            self.open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        };
         let connection = match idle {
             Some(idle) => idle,
             None => {
@@ -182,9 +195,13 @@ impl Pool {
         })
     }
 
-    /// Open connections (idle or carrying a request).
+    /// Open connections (idle or carrying a request), less the idle ones
+    /// the broker closed meanwhile.
     pub(super) fn open(&self) -> usize {
-        self.open.load(std::sync::atomic::Ordering::Relaxed)
+        let closed = lock(&self.idle).iter().filter(|c| c.is_closed()).count();
+        self.open
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .saturating_sub(closed)
     }
 }
 

@@ -19,7 +19,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc,
-        atomic::{AtomicU16, Ordering},
+        atomic::{AtomicBool, AtomicU16, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -93,12 +93,13 @@ impl fmt::Display for Endpoint {
 
 /// What runs under rskafka's codec: TCP, or TLS over TCP, buffered so a
 /// request leaves in one write when it fits the buffer.
-type Stream = BufStream<FirstByte<Either<TcpStream, TlsStream<TcpStream>>>>;
+type Stream = BufStream<Watched<Either<TcpStream, TlsStream<TcpStream>>>>;
 
 /// An open, authenticated connection to one broker.
 pub(super) struct Connection {
     messenger: Messenger<Stream>,
     pub endpoint: Endpoint,
+    watch: Watch,
 }
 
 impl fmt::Debug for Connection {
@@ -143,7 +144,7 @@ impl Connection {
                     .map_err(|_| step(Step::Tls).error())??,
             ),
         };
-        let (stream, first_byte) = FirstByte::new(stream);
+        let (stream, watch) = Watched::new(stream);
         let mut messenger = Messenger::new(
             BufStream::new(stream),
             MAX_MESSAGE_SIZE,
@@ -152,7 +153,7 @@ impl Connection {
         tokio::time::timeout_at(deadline, messenger.sync_versions())
             .await
             .map_err(|_| step(Step::Versions).error())?
-            .map_err(|source| versions_failed(&broker, settings, &first_byte, source))?;
+            .map_err(|source| versions_failed(&broker, settings, &watch, source))?;
         if let Some(sasl) = &settings.sasl {
             let config = sasl_config(sasl);
             tokio::time::timeout_at(deadline, messenger.do_sasl(config))
@@ -163,7 +164,16 @@ impl Connection {
         Ok(Self {
             messenger,
             endpoint: endpoint.clone(),
+            watch,
         })
+    }
+
+    /// Whether the broker closed the connection (or it broke) since it
+    /// was opened: rskafka's reader reads all the time, so a broker that
+    /// closed an idle connection (`connections.max.idle.ms`, 10 minutes by
+    /// default) is seen at once, and the connection is not used again.
+    pub(super) fn is_closed(&self) -> bool {
+        self.watch.closed.load(Ordering::Relaxed)
     }
 
     /// One request and its answer. Requests of several callers share the
@@ -264,7 +274,7 @@ impl StepTimeout {
 fn versions_failed(
     broker: &str,
     settings: &KafkaSettings,
-    first_byte: &FirstByteSeen,
+    watch: &Watch,
     source: SyncVersionsError,
 ) -> KafkaError {
     let protocol = settings.security_protocol();
@@ -275,7 +285,7 @@ fn versions_failed(
     {
         return explain(alert, broker, tls).into();
     }
-    if !protocol.tls() && first_byte.tls_record() {
+    if !protocol.tls() && watch.tls_record() {
         return SecurityError::NotPlaintext {
             servers: broker.to_owned(),
             protocol,
@@ -349,49 +359,72 @@ fn sasl_failed(
     }
 }
 
-/// Remembers the first byte the broker sent. A Kafka answer starts with
-/// its length, whose first byte is 0 for anything under 16 MiB; a TLS
-/// record starts with its content type, 20 to 23.
-struct FirstByte<S> {
+/// What the reading side of a connection saw: the first byte the broker
+/// sent, and whether the stream ended.
+struct Watched<S> {
     inner: S,
-    seen: FirstByteSeen,
+    watch: Watch,
 }
 
 /// The first byte read on a connection, as `0x100 | byte` once read (0
-/// before).
+/// before): a Kafka answer starts with its length, whose first byte is 0
+/// for anything under 16 MiB; a TLS record starts with its content type,
+/// 20 to 23. And whether the stream ended (end of file or an error).
 #[derive(Clone, Default)]
-struct FirstByteSeen(Arc<AtomicU16>);
+struct Watch(Arc<WatchState>);
 
-impl FirstByteSeen {
-    fn tls_record(&self) -> bool {
-        (0x100 + 20..=0x100 + 23).contains(&self.0.load(Ordering::Relaxed))
+#[derive(Default)]
+struct WatchState {
+    first: AtomicU16,
+    closed: AtomicBool,
+}
+
+impl std::ops::Deref for Watch {
+    type Target = WatchState;
+
+    fn deref(&self) -> &WatchState {
+        &self.0
     }
 }
 
-impl<S> FirstByte<S> {
-    fn new(inner: S) -> (Self, FirstByteSeen) {
-        let seen = FirstByteSeen::default();
+impl Watch {
+    fn tls_record(&self) -> bool {
+        (0x100 + 20..=0x100 + 23).contains(&self.first.load(Ordering::Relaxed))
+    }
+}
+
+impl<S> Watched<S> {
+    fn new(inner: S) -> (Self, Watch) {
+        let watch = Watch::default();
         (
             Self {
                 inner,
-                seen: seen.clone(),
+                watch: watch.clone(),
             },
-            seen,
+            watch,
         )
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for FirstByte<S> {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
+        let room = buf.remaining() > 0;
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            Poll::Ready(Ok(())) if room && buf.filled().len() == before => {
+                self.watch.closed.store(true, Ordering::Relaxed);
+            }
+            Poll::Ready(Err(_)) => self.watch.closed.store(true, Ordering::Relaxed),
+            _ => {}
+        }
         if let Some(&first) = buf.filled().get(before) {
             // Only the connection's very first byte is kept.
-            let _ = self.seen.0.compare_exchange(
+            let _ = self.watch.first.compare_exchange(
                 0,
                 0x100 | u16::from(first),
                 Ordering::Relaxed,
@@ -402,7 +435,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for FirstByte<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for FirstByte<S> {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -462,11 +495,16 @@ mod tests {
             (&[0x00, 0x15, 0x03, 0x03][..], false),
         ] {
             let (mut broker, client) = tokio::io::duplex(64);
-            let (mut client, seen) = FirstByte::new(client);
+            let (mut client, seen) = Watched::new(client);
             broker.write_all(sent).await.expect("in memory");
             let mut buf = vec![0; sent.len()];
             client.read_exact(&mut buf).await.expect("in memory");
             assert_eq!(seen.tls_record(), tls, "{sent:?}");
+            assert!(!seen.closed.load(Ordering::Relaxed));
+            drop(broker);
+            let mut rest = Vec::new();
+            client.read_to_end(&mut rest).await.expect("in memory");
+            assert!(seen.closed.load(Ordering::Relaxed), "the end is seen");
         }
     }
 }

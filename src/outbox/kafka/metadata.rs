@@ -112,7 +112,14 @@ impl Metadata {
             }
         };
         if let Some(since) = doubt {
-            let mut last = self.last_read.lock().await;
+            // Partitions in doubt together wait for one read, each within
+            // its own deadline.
+            let mut last = tokio::time::timeout_at(deadline, self.last_read.lock())
+                .await
+                .map_err(|_| KafkaError::Timeout {
+                    operation: "metadata (a read for another partition)".into(),
+                    timeout: settings.request_timeout,
+                })?;
             let fresh = match since {
                 Some(since) => last.is_some_and(|started| started > since),
                 None => lock(&self.state).topics.contains_key(topic),

@@ -47,6 +47,9 @@ enum Produce {
     /// Appended, and nothing more is read from the connection until
     /// `resume` is notified (the client's writes pile up).
     AckThenStall,
+    /// Appended and answered, then the connection is closed (a broker
+    /// closing an idle connection).
+    AckThenClose,
     /// Appended, answered only once `resume` is notified (a leader waiting
     /// for a frozen follower): the connection reads nothing meanwhile, as
     /// a broker's does.
@@ -173,6 +176,7 @@ async fn serve(
         .write_versioned(&mut answer, ApiVersion(Int16(0)))
         .expect("in memory");
         let mut stall = false;
+        let mut close = false;
         match key {
             ApiKey::ApiVersions => api_versions(&mut answer, version),
             ApiKey::Metadata => {
@@ -209,6 +213,10 @@ async fn serve(
                         stall = true;
                         produce_answer(&mut answer, version, partition, 0, 0)
                     }
+                    Produce::AckThenClose => {
+                        close = true;
+                        produce_answer(&mut answer, version, partition, 0, 0)
+                    }
                     Produce::Hold => {
                         resume.notified().await;
                         produce_answer(&mut answer, version, partition, 0, 0)
@@ -218,6 +226,9 @@ async fn serve(
             other => panic!("the scripted broker does not answer {other:?}"),
         }
         if stream.write_message(&answer).await.is_err() {
+            return;
+        }
+        if close {
             return;
         }
         if stall {
@@ -647,4 +658,34 @@ async fn a_missing_topic_is_named() {
         (ErrorClass::Fatal, "UNKNOWN_TOPIC_OR_PARTITION")
     );
     assert!(error.message.contains("KAFKA_CREATE_TOPIC"), "{error}");
+}
+
+/// A connection the broker closed while it was idle (Kafka closes idle
+/// connections after `connections.max.idle.ms`) is seen closed and not
+/// used again: the next request goes on a new one and succeeds at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_broker_closed_while_idle_is_not_used_again() {
+    let broker = ScriptedBroker::start(1).await;
+    let transport = broker.transport(clock());
+    broker.answer_next([Produce::AckThenClose]);
+    transport
+        .produce(TOPIC, 0, 1, records(["before".to_owned()]))
+        .await
+        .expect("acknowledged");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !transport.produce_connections().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the close is seen");
+    transport
+        .produce(TOPIC, 0, 1, records(["after".to_owned()]))
+        .await
+        .expect("a new connection, no failed try");
+    assert_eq!(
+        broker.script().connections,
+        3,
+        "metadata, the closed one, a new one"
+    );
 }
