@@ -46,10 +46,19 @@ impl Tasks {
     /// at a signal) and returns which task and why.
     pub async fn watch(&mut self, shutdown: &CancellationToken) -> Option<TaskEnded> {
         let ended = tokio::select! {
+            // A stop asked for comes first: tasks end because of it.
+            biased;
             () = shutdown.cancelled() => return None,
             ended = self.set.join_next_with_id() => ended?,
         };
         let ended = self.describe(ended);
+        if shutdown.is_cancelled() {
+            // It ended as the stop began (the signal and its end raced).
+            if ended.reason != "ended" {
+                tracing::error!(task = ended.task, reason = %ended.reason, "task ended abnormally while stopping");
+            }
+            return None;
+        }
         tracing::error!(
             task = ended.task,
             reason = %ended.reason,
@@ -146,6 +155,22 @@ mod tests {
         let ended = tasks.watch(&shutdown).await.expect("it ended");
         assert_eq!((ended.task, ended.reason.as_str()), ("listener", "ended"));
         assert_eq!(ended.to_string(), "the listener task ended");
+    }
+
+    /// A task that ends because of the stop (it raced the watch) is not
+    /// reported.
+    #[tokio::test]
+    async fn a_task_ending_at_the_stop_is_not_reported() {
+        let shutdown = CancellationToken::new();
+        let mut tasks = Tasks::default();
+        tasks.spawn("http", {
+            let shutdown = shutdown.clone();
+            async move { shutdown.cancelled().await }
+        });
+        shutdown.cancel();
+        // Let the task end before the watch looks.
+        tokio::task::yield_now().await;
+        assert_eq!(tasks.watch(&shutdown).await, None);
     }
 
     /// At a signal, nothing is reported.
