@@ -18,6 +18,7 @@ mod kafka_tls;
 mod libpq_env;
 mod live_migration;
 mod logging;
+mod operator_edges;
 mod outbox_parking;
 mod pg_tls;
 mod pgbouncer;
