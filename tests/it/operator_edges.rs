@@ -50,10 +50,6 @@ impl Silent {
     }
 }
 
-fn stderr_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 /// `url` with `host:port` replaced by `hosts` and `query` appended.
 fn with_hosts(url: &str, hosts: &str, query: &str) -> String {
     let parsed = url::Url::parse(url).expect("a test URL");
