@@ -103,6 +103,7 @@ fn check_database(database: &DatabaseSettings) -> Result<(), ConfigError> {
 pub fn announce_database(database: &DatabaseSettings) {
     tracing::info!(
         database = %database.url.redacted(),
+        hosts = %database.url.targets(),
         password = %database.url.password_source(),
         "connecting to PostgreSQL"
     );
@@ -156,13 +157,20 @@ pub async fn once(
 
 /// Waits for the database at start: in an orchestrated deployment it may
 /// come up after the worker. Every failed attempt is logged with its reason.
+/// A stop signal ends the wait at once (`false`), whatever an attempt in
+/// flight still waits for: a database that accepts and never answers holds
+/// one for up to `DATABASE_CONNECT_TIMEOUT`, past an orchestrator's grace.
 async fn wait_for_database(
     settings: &DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> Result<bool, AppError> {
     let mut backoff = outbox::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
     loop {
-        match db::probe(settings).await {
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => return Ok(false),
+            attempt = db::probe(settings) => attempt,
+        };
+        match attempt {
             Ok(()) => return Ok(true),
             Err(error) => {
                 let delay = backoff.next_delay();
@@ -203,6 +211,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
     tracing::info!(
         %metrics_addr,
         database = %db_settings.url.redacted(),
+        hosts = %db_settings.url.targets(),
         password = %db_settings.url.password_source(),
         pooler = %db_settings.pooler,
         "starting"
@@ -237,18 +246,24 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         ),
     );
 
-    if !wait_for_database(&db_settings, &shutdown).await? {
-        shutdown.cancel();
-    } else {
-        let uses: Vec<Use> = [
-            (roles.worker, Use::Expire),
-            (roles.publisher, Use::Publish),
-            (true, Use::Lag),
-        ]
-        .into_iter()
-        .filter_map(|(on, used)| on.then_some(used))
-        .collect();
-        db::privileges::check_pooled(pool, &uses).await?;
+    let uses: Vec<Use> = [
+        (roles.worker, Use::Expire),
+        (roles.publisher, Use::Publish),
+        (true, Use::Lag),
+    ]
+    .into_iter()
+    .filter_map(|(on, used)| on.then_some(used))
+    .collect();
+    // A stop signal during start-up stops it at once: nothing runs yet, so
+    // there is nothing to finish, and the exit is 0 as for any requested
+    // stop.
+    let started = wait_for_database(&db_settings, &shutdown).await?
+        && tokio::select! {
+            _ = shutdown.cancelled() => false,
+            checked = db::privileges::check_pooled(pool, &uses) => { checked?; true }
+        };
+    if !started {
+        tracing::info!("stop requested while starting: stopped during start-up, before any work");
     }
     // The publisher is built before the expiry starts, so the expiry can
     // write its outbox rows leased to it (`db::outbox::Handoff`).

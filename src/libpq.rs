@@ -14,7 +14,7 @@ pub mod pgpass;
 pub mod ssl;
 pub mod url;
 
-pub use conninfo::{ConnectPlan, DatabaseUrl, PasswordSource};
+pub use conninfo::{ConnectPlan, DatabaseUrl, PasswordSource, host_list};
 pub use env::Env;
 
 /// A URL, variable or combination libpq's rules refuse: the setting to

@@ -12,7 +12,7 @@ use booking_expiration::{
     config::{Cli, Command, ConfigError, DatabaseArgs, DatabaseSettings, OutboxCommand, Settings},
     db::{outbox::Unpark, replay::Selection},
     telemetry::{
-        logging,
+        logging::{self, LogSetupError},
         trace::{OTLP_PROTOCOL, TraceSetupError},
     },
 };
@@ -34,7 +34,11 @@ fn main() -> ExitCode {
     };
     let trace = match logging::init() {
         Ok(guard) => guard,
-        Err(TraceSetupError::Protocol { name, value }) => {
+        // LOG_FORMAT, RUST_LOG, the OTEL_* protocol: bad settings as any other.
+        Err(LogSetupError::Setting { name, problem }) => {
+            return fail(&AppError::Config(ConfigError::new(name, problem)).into());
+        }
+        Err(LogSetupError::Trace(TraceSetupError::Protocol { name, value })) => {
             let problem = format!("only {OTLP_PROTOCOL} is supported (got {value})");
             return fail(&AppError::Config(ConfigError::new(name, problem)).into());
         }

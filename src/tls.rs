@@ -125,6 +125,36 @@ pub fn load_certs(
     Ok(certs)
 }
 
+/// What is wrong with an X.509 v1 certificate here, for its setting's
+/// line: rustls (webpki) takes v3 only, and otherwise refuses a v1 leaf as
+/// a key that does not fit it.
+pub const X509_V1: &str = "is an X.509 v1 certificate, and only v3 is accepted: reissue it \
+                           as v3 (openssl x509 -req with -extfile, or openssl req -x509)";
+
+/// Whether a DER certificate is X.509 v1: its `tbsCertificate` opens
+/// without the explicit `[0] version` field that v2 and v3 carry
+/// (`Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version
+/// OPTIONAL, ... } ... }`).
+pub fn is_x509_v1(der: &[u8]) -> bool {
+    /// The content of the DER SEQUENCE at the start of `der` (to its end;
+    /// only its first byte is looked at).
+    fn content_of_sequence(der: &[u8]) -> Option<&[u8]> {
+        let (&tag, rest) = der.split_first()?;
+        let (&length, rest) = rest.split_first()?;
+        let length_bytes = if length < 0x80 {
+            0
+        } else {
+            usize::from(length & 0x7f)
+        };
+        (tag == 0x30).then_some(())?;
+        rest.get(length_bytes..)
+    }
+    content_of_sequence(der)
+        .and_then(content_of_sequence)
+        .and_then(|tbs| tbs.first())
+        .is_some_and(|&first| first != 0xA0)
+}
+
 /// The first unencrypted private key of a PEM file.
 pub fn load_key(
     setting: &'static str,
@@ -155,6 +185,21 @@ pub fn key_problem(error: &rustls::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The version field of a certificate: absent in v1, `[0] 2` in v3.
+    #[test]
+    fn x509_v1_is_told_from_v3() {
+        // SEQUENCE { SEQUENCE { INTEGER serial ... } }: no [0], so v1.
+        let v1 = [0x30, 0x06, 0x30, 0x04, 0x02, 0x02, 0x10, 0x00];
+        // SEQUENCE { SEQUENCE { [0] { INTEGER 2 } ... } }, long-form lengths.
+        let v3 = [
+            0x30, 0x81, 0x09, 0x30, 0x81, 0x06, 0xA0, 0x03, 0x02, 0x01, 0x02, 0x02, 0x01,
+        ];
+        assert!(is_x509_v1(&v1));
+        assert!(!is_x509_v1(&v3));
+        assert!(!is_x509_v1(&[]), "no certificate is no v1 certificate");
+        assert!(!is_x509_v1(&[0x04, 0x00]));
+    }
 
     fn temp_file(name: &str, content: &str) -> PathBuf {
         let path = std::env::temp_dir().join(format!("tls-{}-{name}", std::process::id()));

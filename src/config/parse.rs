@@ -85,12 +85,21 @@ pub fn path(raw: &str) -> Result<PathBuf, Problem> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootstrapServers(pub Vec<String>);
 
-/// A comma-separated `host:port` list with at least one server.
+/// A comma-separated `host:port` list with at least one server and no
+/// empty entry: `a:9092,,b:9092` or a trailing comma is a list written
+/// wrong (a variable that expanded to nothing, say), not one to guess at.
 pub fn bootstrap_servers(raw: &str) -> Result<BootstrapServers, Problem> {
-    let servers = raw
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
+    let entries: Vec<&str> = raw.split(',').map(str::trim).collect();
+    if entries.iter().all(|entry| entry.is_empty()) {
+        return Err("lists no server".to_owned());
+    }
+    if entries.iter().any(|entry| entry.is_empty()) {
+        return Err(format!(
+            "{raw:?} has an empty entry (two commas in a row, or one at an end)"
+        ));
+    }
+    let servers = entries
+        .into_iter()
         .map(|server| match server.rsplit_once(':') {
             Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {
                 Ok(server.to_owned())
@@ -98,9 +107,6 @@ pub fn bootstrap_servers(raw: &str) -> Result<BootstrapServers, Problem> {
             _ => Err(format!("{server:?} is not host:port")),
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if servers.is_empty() {
-        return Err("lists no server".to_owned());
-    }
     Ok(BootstrapServers(servers))
 }
 
@@ -170,9 +176,17 @@ mod tests {
         assert_eq!(topic("  "), Err("is empty".into()));
         assert_eq!(topic(" t "), Ok("t".into()));
         assert_eq!(
-            bootstrap_servers("a:1, b:2,"),
+            bootstrap_servers("a:1, b:2"),
             Ok(BootstrapServers(vec!["a:1".into(), "b:2".into()]))
         );
+        for empty in ["a:1,,b:2", "a:1, b:2,", ",a:1", "a:1, ,b:2"] {
+            assert!(
+                bootstrap_servers(empty)
+                    .unwrap_err()
+                    .contains("has an empty entry"),
+                "{empty}"
+            );
+        }
         for bad in ["localhost", ":9092", "h:0", "h:x"] {
             assert!(
                 bootstrap_servers(bad)

@@ -29,22 +29,37 @@ enum Failure {
     Postgres(tokio_postgres::Error),
     /// diesel-async's set-up of the connected client.
     Setup(ConnectionError),
+    /// No connection within `connect_timeout` (libpq's, per host).
+    Timeout {
+        hosts: String,
+        limit: std::time::Duration,
+    },
 }
 
 impl Failure {
     /// libpq retries in the other mode after a failed TLS handshake or an
-    /// error from the server; not after a refused TCP connection.
+    /// error from the server; not after a refused TCP connection. Nor here
+    /// after the server refused the password: it is the same password in
+    /// the other mode, so the retry only doubles the refused logins in the
+    /// server's log (and the lockouts counted from it), and under `prefer`
+    /// would send it again without TLS. libpq 15 does retry (two refused
+    /// logins per connection): a difference that is never weaker.
     fn retry_other_mode(&self) -> bool {
         match self {
-            Failure::Postgres(error) => {
-                error.as_db_error().is_some() || rustls_error(error).is_some()
-            }
-            Failure::File(_) | Failure::Setup(_) => false,
+            Failure::Postgres(error) => match error.as_db_error() {
+                Some(db) => db.code() != &tokio_postgres::error::SqlState::INVALID_PASSWORD,
+                None => rustls_error(error).is_some(),
+            },
+            Failure::File(_) | Failure::Setup(_) | Failure::Timeout { .. } => false,
         }
     }
 
     fn describe(&self, tls: &PgTls) -> String {
         match self {
+            Failure::Timeout { hosts, limit } => format!(
+                "no answer from {hosts} within connect_timeout ({} s)",
+                limit.as_secs()
+            ),
             Failure::File(error) => error.to_string(),
             Failure::Setup(error) => error.to_string(),
             Failure::Postgres(error) => {
@@ -159,10 +174,32 @@ pub async fn connect(
     }
     // Reads the password file, when it is the source: a small local file,
     // read in place as the certificate files are.
-    let plan = url.connect_plan();
+    let mut plan = url.connect_plan();
+    // The hosts on their own in the URL's order; load_balance_hosts=random
+    // shuffles them, as libpq (and tokio-postgres, for hosts in one
+    // configuration) does.
+    if plan.configs.len() > 1
+        && url.config().get_load_balance_hosts() == tokio_postgres::config::LoadBalanceHosts::Random
+    {
+        fastrand::shuffle(&mut plan.configs);
+    }
     let mut last = None;
     for config in &plan.configs {
-        match connect_one(config, tls, tls_usable, pooler).await {
+        let attempt = connect_one(config, tls, tls_usable, pooler);
+        let outcome = match plan.attempt_timeout {
+            // libpq's connect_timeout bounds the whole attempt on a host,
+            // then the next one is tried.
+            Some(limit) => tokio::time::timeout(limit, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Failure::Timeout {
+                        hosts: crate::libpq::host_list(config),
+                        limit,
+                    })
+                }),
+            None => attempt.await,
+        };
+        match outcome {
             Ok(conn) => return Ok(conn),
             Err(failure) => last = Some(failure),
         }

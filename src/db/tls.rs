@@ -145,14 +145,33 @@ pub fn client_config_trusting(
         None => Ok(builder.with_no_client_auth()),
         Some(client) => {
             let certs = load_certs("sslcert", &client.cert)?;
+            // The certificate's fault, named as such: rustls would refuse
+            // a v1 leaf as a key that does not fit it (naming sslkey).
+            if certs
+                .first()
+                .is_some_and(|leaf| crate::tls::is_x509_v1(leaf))
+            {
+                return Err(TlsFileError::new(
+                    "sslcert",
+                    &client.cert,
+                    crate::tls::X509_V1,
+                ));
+            }
             let key = load_key(&client.key)?;
-            builder.with_client_auth_cert(certs, key).map_err(|e| {
-                TlsFileError::new(
-                    "sslkey",
-                    &client.key,
-                    format!("cannot be used with sslcert ({})", key_problem(&e)),
-                )
-            })
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| match e {
+                    rustls::Error::InvalidCertificate(_) => TlsFileError::new(
+                        "sslcert",
+                        &client.cert,
+                        format!("cannot be used ({})", key_problem(&e)),
+                    ),
+                    _ => TlsFileError::new(
+                        "sslkey",
+                        &client.key,
+                        format!("cannot be used with sslcert ({})", key_problem(&e)),
+                    ),
+                })
         }
     }
 }

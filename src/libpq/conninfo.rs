@@ -3,7 +3,7 @@
 //! connection tries (host by host when the password file gives the hosts
 //! different passwords).
 
-use std::{fmt, path::PathBuf};
+use std::{fmt, path::PathBuf, time::Duration};
 
 use super::{
     LibpqError,
@@ -27,6 +27,8 @@ pub struct DatabaseUrl {
     /// With several hosts, each alone (password file lookups are per host,
     /// as in libpq), with what the file is searched by.
     hosts: Vec<HostTarget>,
+    /// `PGHOST`, `PGPORT`, when the hosts or ports came from them.
+    hosts_from_env: Vec<&'static str>,
     tls: ssl::PgTls,
     password: PasswordFrom,
 }
@@ -82,12 +84,15 @@ impl fmt::Display for PasswordSource {
 
 /// What one new connection tries, in order: one configuration for every
 /// host, or one per host when the password file gives them different
-/// passwords. `no_password` says why none was found, for an
-/// authentication failure.
+/// passwords or `connect_timeout` bounds each host's attempt.
+/// `no_password` says why none was found, for an authentication failure.
 #[derive(Debug)]
 pub struct ConnectPlan<'a> {
     pub configs: Vec<std::borrow::Cow<'a, tokio_postgres::Config>>,
     pub no_password: Option<String>,
+    /// The limit of each configuration's whole attempt (TCP, TLS,
+    /// start-up, authentication): libpq's `connect_timeout`.
+    pub attempt_timeout: Option<Duration>,
 }
 
 impl DatabaseUrl {
@@ -159,9 +164,22 @@ impl DatabaseUrl {
             url,
             config,
             hosts,
+            hosts_from_env: parts.from_env,
             tls,
             password,
         })
+    }
+
+    /// The hosts connected to, `host:port` each, and the variables they
+    /// came from (`127.0.0.1:5433 (PGHOST, PGPORT)`): what the start-up line
+    /// shows beside the URL, which names no host that came from `PGHOST`.
+    pub fn targets(&self) -> String {
+        let hosts = host_list(&self.config);
+        if self.hosts_from_env.is_empty() {
+            hosts
+        } else {
+            format!("{hosts} ({})", self.hosts_from_env.join(", "))
+        }
     }
 
     /// The configuration tokio-postgres connects with (the password from
@@ -177,13 +195,56 @@ impl DatabaseUrl {
     /// connection, so a rotated file is used without a restart).
     pub fn connect_plan(&self) -> ConnectPlan<'_> {
         use std::borrow::Cow;
-        let PasswordFrom::PassFile(passfile) = &self.password else {
-            return ConnectPlan {
-                configs: vec![Cow::Borrowed(&self.config)],
-                no_password: None,
-            };
+        let (passwords, no_password) = match &self.password {
+            PasswordFrom::PassFile(passfile) => self.passfile_plan(passfile.as_deref()),
+            // The URL's or PGPASSWORD's, in `config` already.
+            PasswordFrom::Url | PasswordFrom::PgPassword => (vec![None; self.hosts.len()], None),
         };
-        let (passwords, problem) = self.passfile_passwords(passfile.as_deref());
+        let attempt_timeout = self.attempt_timeout();
+        let all_same = passwords.windows(2).all(|pair| pair[0] == pair[1]);
+        // Each host on its own, in order: with different passwords from the
+        // file, each with its own; and with `connect_timeout`, so that the
+        // limit bounds each host's whole attempt as in libpq (tokio-postgres
+        // bounds only the TCP connect: a host that accepts and never
+        // answers held the others' time).
+        let per_host = self.hosts.len() > 1 && (!all_same || attempt_timeout.is_some());
+        let configs = if per_host {
+            self.hosts
+                .iter()
+                .zip(passwords)
+                .map(|(host, password)| {
+                    let mut config = host.alone.clone().unwrap_or_else(|| self.config.clone());
+                    let given = password.as_ref().map(url::Password::expose);
+                    if let Some(password) = given.or(self.config.get_password()) {
+                        config.password(password);
+                    }
+                    Cow::Owned(config)
+                })
+                .collect()
+        } else {
+            match passwords.first().cloned().flatten() {
+                Some(password) => {
+                    let mut config = self.config.clone();
+                    config.password(password.expose());
+                    vec![Cow::Owned(config)]
+                }
+                None => vec![Cow::Borrowed(&self.config)],
+            }
+        };
+        ConnectPlan {
+            configs,
+            no_password,
+            attempt_timeout,
+        }
+    }
+
+    /// The password file's password for each host, read now, and why none
+    /// was found, if none was.
+    fn passfile_plan(
+        &self,
+        passfile: Option<&std::path::Path>,
+    ) -> (Vec<Option<url::Password>>, Option<String>) {
+        let (passwords, problem) = self.passfile_passwords(passfile);
         let no_password = passwords.iter().all(Option::is_none).then(|| {
             let file = match passfile {
                 Some(path) => format!("the password file {}", path.display()),
@@ -194,35 +255,15 @@ impl DatabaseUrl {
                 .map_or_else(String::new, |p| format!(": {p}"));
             format!("no password was found in the URL, PGPASSWORD or {file}{why}")
         });
-        let all_same = passwords.windows(2).all(|pair| pair[0] == pair[1]);
-        let configs = if all_same {
-            match passwords.first().cloned().flatten() {
-                Some(password) => {
-                    let mut config = self.config.clone();
-                    config.password(password.expose());
-                    vec![Cow::Owned(config)]
-                }
-                None => vec![Cow::Borrowed(&self.config)],
-            }
-        } else {
-            // Different passwords for different hosts: each host on its
-            // own, in order, with its own.
-            self.hosts
-                .iter()
-                .zip(passwords)
-                .map(|(host, password)| {
-                    let mut config = host.alone.clone().unwrap_or_else(|| self.config.clone());
-                    if let Some(password) = password {
-                        config.password(password.expose());
-                    }
-                    Cow::Owned(config)
-                })
-                .collect()
-        };
-        ConnectPlan {
-            configs,
-            no_password,
-        }
+        (passwords, no_password)
+    }
+
+    /// libpq's `connect_timeout` for one host's attempt: none when unset, 0
+    /// or less; at least 2 s (libpq reads 1 as 2).
+    fn attempt_timeout(&self) -> Option<Duration> {
+        self.config
+            .get_connect_timeout()
+            .map(|limit| (*limit).max(Duration::from_secs(2)))
     }
 
     /// The password file's password for each host (none when the file is
@@ -314,6 +355,8 @@ struct Parts {
     ports: Vec<String>,
     hostaddrs: Vec<String>,
     rest: Vec<(String, String)>,
+    /// `PGHOST`, `PGPORT`: the variables the hosts and ports came from.
+    from_env: Vec<&'static str>,
 }
 
 impl Parts {
@@ -403,11 +446,16 @@ impl Parts {
             }
             rest.push((key.clone(), value.clone()));
         }
+        let from_env = [hosts_from, ports_from]
+            .into_iter()
+            .filter(|from| from.starts_with("PG"))
+            .collect();
         Ok(Self {
             hosts,
             ports,
             hostaddrs,
             rest,
+            from_env,
         })
     }
 
@@ -479,6 +527,39 @@ impl Parts {
     }
 }
 
+/// `config`'s hosts as `host:port` (a socket directory for a Unix socket,
+/// the `hostaddr` of a host given by address alone), joined by commas.
+pub fn host_list(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let port = |i: usize| {
+        ports
+            .get(i)
+            .or(ports.first())
+            .copied()
+            .unwrap_or(pgpass::DEFAULT_PORT)
+    };
+    let named = config.get_hosts().iter().map(|host| match host {
+        Host::Tcp(name) => name.clone(),
+        Host::Unix(dir) => dir.display().to_string(),
+    });
+    let names: Vec<String> = if config.get_hosts().is_empty() {
+        config
+            .get_hostaddrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    } else {
+        named.collect()
+    };
+    let hosts: Vec<String> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("{name}:{}", port(i)))
+        .collect();
+    hosts.join(",")
+}
+
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
@@ -486,7 +567,7 @@ impl fmt::Debug for DatabaseUrl {
 }
 #[cfg(test)]
 mod tests {
-    use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
+    use std::{os::unix::fs::PermissionsExt as _, path::Path};
 
     use tokio_postgres::config::Host;
 
@@ -937,5 +1018,53 @@ mod tests {
         }
         let url = DatabaseUrl::parse("postgres://u@h/db?password=s3cret&user=v").unwrap();
         assert_eq!(url.redacted(), "postgres://u@h/db?password=***&user=v");
+    }
+
+    /// `connect_timeout` bounds each host's attempt on its own (libpq's
+    /// rule): several hosts are tried one by one, each with the URL's
+    /// password, and 1 s is libpq's 2 s.
+    #[test]
+    fn connect_timeout_splits_the_hosts_and_bounds_each() {
+        let none = Env::default();
+        let plan_of = |raw: &str| {
+            let url = url(raw, &none);
+            let plan = url.connect_plan();
+            let hosts: Vec<Vec<Host>> = plan
+                .configs
+                .iter()
+                .map(|c| c.get_hosts().to_vec())
+                .collect();
+            let passwords: Vec<Option<Vec<u8>>> = plan
+                .configs
+                .iter()
+                .map(|c| c.get_password().map(<[u8]>::to_vec))
+                .collect();
+            (hosts, passwords, plan.attempt_timeout)
+        };
+        let (hosts, passwords, limit) = plan_of("postgres://u:pw@h1,h2:5433/d?connect_timeout=1");
+        assert_eq!(
+            hosts,
+            [vec![Host::Tcp("h1".into())], vec![Host::Tcp("h2".into())]]
+        );
+        assert_eq!(passwords, [Some(b"pw".to_vec()), Some(b"pw".to_vec())]);
+        assert_eq!(limit, Some(Duration::from_secs(2)));
+        let (hosts, _, limit) = plan_of("postgres://u:pw@h1,h2/d?connect_timeout=7");
+        assert_eq!(hosts.len(), 2);
+        assert_eq!(limit, Some(Duration::from_secs(7)));
+        // Without it, one configuration for every host (tokio-postgres tries
+        // them in turn), and no limit of its own.
+        let (hosts, _, limit) = plan_of("postgres://u:pw@h1,h2/d");
+        assert_eq!(
+            hosts,
+            [vec![Host::Tcp("h1".into()), Host::Tcp("h2".into())]]
+        );
+        assert_eq!(limit, None);
+        for off in ["0", "-5"] {
+            let (hosts, _, limit) = plan_of(&format!("postgres://u@h1,h2/d?connect_timeout={off}"));
+            assert_eq!((hosts.len(), limit), (1, None), "{off}");
+        }
+        // One host: one configuration, bounded.
+        let (hosts, _, limit) = plan_of("postgres://u:pw@h1/d?connect_timeout=3");
+        assert_eq!((hosts.len(), limit), (1, Some(Duration::from_secs(3))));
     }
 }

@@ -35,14 +35,32 @@ pub enum LogFormat {
 }
 
 impl LogFormat {
-    /// `LOG_FORMAT=json` (any case) is JSON; anything else is text.
-    pub fn from_env() -> Self {
-        if std::env::var("LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json")) {
-            Self::Json
-        } else {
-            Self::Text
+    /// `LOG_FORMAT`: `json` or `text` (any case; unset or empty is text),
+    /// or why not.
+    pub fn parse(value: Option<&str>) -> Result<Self, String> {
+        match value.map(str::trim).unwrap_or_default() {
+            "" => Ok(Self::Text),
+            json if json.eq_ignore_ascii_case("json") => Ok(Self::Json),
+            text if text.eq_ignore_ascii_case("text") => Ok(Self::Text),
+            other => Err(format!("{other:?} is not text or json")),
         }
     }
+
+    /// `LOG_FORMAT` as [`Self::parse`] reads it, text when it cannot (the
+    /// benchmarks; the binary refuses it: [`init`]).
+    pub fn from_env() -> Self {
+        Self::parse(std::env::var("LOG_FORMAT").ok().as_deref()).unwrap_or(Self::Text)
+    }
+}
+
+/// Why logging could not be set up: a setting it reads is malformed (the
+/// line of an exit 2, naming it), or the trace's own setup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LogSetupError {
+    #[error("{name}: {problem}")]
+    Setting { name: &'static str, problem: String },
+    #[error(transparent)]
+    Trace(#[from] TraceSetupError),
 }
 
 /// The log buffer's size: about 180 lines of a few hundred bytes.
@@ -113,12 +131,28 @@ pub fn stderr_line(line: &str) {
 /// before the async runtime starts; keep the guard until the command ended
 /// (dropping it flushes the spans still queued for export), and call
 /// [`flush`] before the process exits.
-pub fn init() -> Result<TraceGuard, TraceSetupError> {
+pub fn init() -> Result<TraceGuard, LogSetupError> {
+    // Checked before anything is installed: a setting nobody reads
+    // correctly is refused as any other is, not replaced by a default.
+    let format =
+        LogFormat::parse(std::env::var("LOG_FORMAT").ok().as_deref()).map_err(|problem| {
+            LogSetupError::Setting {
+                name: "LOG_FORMAT",
+                problem,
+            }
+        })?;
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref()).map_err(|problem| {
+        LogSetupError::Setting {
+            name: "RUST_LOG",
+            problem,
+        }
+    })?;
     let trace_env = TraceEnv::from_lookup(|name| std::env::var(name).ok())?;
     let (provider, guard) = trace::provider(&trace_env)?;
-    install(
+    install_with(
         &provider,
-        LogFormat::from_env(),
+        format,
+        filter,
         Box::new(std::io::stderr()),
         std::io::stderr().is_terminal(),
     );
@@ -133,30 +167,47 @@ pub fn init() -> Result<TraceGuard, TraceSetupError> {
     Ok(guard)
 }
 
-/// The log filter of `RUST_LOG` (`info` when unset or unreadable), with
-/// rskafka's own lines off unless `RUST_LOG` names rskafka: the publisher
-/// classifies and reports every Kafka error itself, once a minute per
-/// partition while it lasts, while rskafka writes an ERROR line for every
-/// refused request (an authorization failure: one per try, 40 a minute).
-pub fn log_filter(rust_log: Option<&str>) -> EnvFilter {
+/// The log filter of `RUST_LOG` (`info` when unset or empty), or why it
+/// does not parse; rskafka's own lines are off unless `RUST_LOG` names
+/// rskafka: the publisher classifies and reports every Kafka error itself,
+/// once a minute per partition while it lasts, while rskafka writes an
+/// ERROR line for every refused request (an authorization failure: one per
+/// try, 40 a minute).
+pub fn log_filter(rust_log: Option<&str>) -> Result<EnvFilter, String> {
     let directives = rust_log.filter(|d| !d.trim().is_empty()).unwrap_or("info");
-    let filter = EnvFilter::try_new(directives).unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::builder()
+        .parse(directives)
+        .map_err(|error| format!("{directives:?} is not a log filter ({error})"))?;
     if directives.contains("rskafka") {
-        return filter;
+        return Ok(filter);
     }
-    match "rskafka=off".parse() {
+    Ok(match "rskafka=off".parse() {
         Ok(directive) => filter.add_directive(directive),
         Err(_) => filter,
-    }
+    })
 }
 
 /// Installs the binary's subscriber (trace layer, `RUST_LOG` filter,
-/// `format`) writing the log lines through the buffer to `output`: `main`
-/// passes stderr, the benchmarks a file, so they measure what the binary
-/// costs. Starts the thread that empties the buffer every [`FLUSH_EVERY`].
+/// `format`) writing the log lines through the buffer to `output`: the
+/// benchmarks pass a file, so they measure what the binary costs (an
+/// unreadable `RUST_LOG` is `info` there; [`init`] refuses it).
 pub fn install(
     provider: &SdkTracerProvider,
     format: LogFormat,
+    output: Box<dyn Write + Send>,
+    ansi: bool,
+) {
+    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    install_with(provider, format, filter, output, ansi);
+}
+
+/// [`install`] with the filter made. Starts the thread that empties the
+/// buffer every [`FLUSH_EVERY`].
+fn install_with(
+    provider: &SdkTracerProvider,
+    format: LogFormat,
+    filter: EnvFilter,
     output: Box<dyn Write + Send>,
     ansi: bool,
 ) {
@@ -176,7 +227,6 @@ pub fn install(
     let writer = LogBuffer;
     // RUST_LOG filters the logs only: the worker's spans (info level) are
     // traced whatever the log level, so RUST_LOG=warn keeps the trace.
-    let filter = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     // The trace takes the spans and, as span events, only warnings and
     // errors: a `booking expired` event per booking on the cycle span would
     // grow the span with the cycle.
@@ -255,13 +305,29 @@ mod tests {
     #[test]
     fn rskafkas_own_lines_are_off_unless_rust_log_names_it() {
         for default in [None, Some(""), Some("info"), Some("debug"), Some("warn")] {
-            let lines = lines_through(log_filter(default));
+            let lines = lines_through(log_filter(default).unwrap());
             assert!(!lines.contains("fatal error"), "{default:?}: {lines}");
             assert!(lines.contains("cannot be written"), "{default:?}: {lines}");
         }
-        let named = lines_through(log_filter(Some("info,rskafka=error")));
+        let named = lines_through(log_filter(Some("info,rskafka=error")).unwrap());
         assert!(named.contains("fatal error"), "{named}");
-        let unreadable = lines_through(log_filter(Some("=^=")));
-        assert!(unreadable.contains("cannot be written") && !unreadable.contains("fatal"));
+    }
+
+    /// A setting that does not parse is refused (the binary exits 2 naming
+    /// it), never replaced by a default.
+    #[test]
+    fn an_unreadable_rust_log_or_log_format_is_refused() {
+        for bad in ["=^=", "booking_expiration=[", "warn,foo=bar=baz"] {
+            let problem = log_filter(Some(bad)).unwrap_err();
+            assert!(problem.contains("is not a log filter"), "{bad}: {problem}");
+        }
+        assert_eq!(LogFormat::parse(None), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse(Some(" ")), Ok(LogFormat::Text));
+        assert_eq!(LogFormat::parse(Some("JSON")), Ok(LogFormat::Json));
+        assert_eq!(LogFormat::parse(Some("text")), Ok(LogFormat::Text));
+        assert_eq!(
+            LogFormat::parse(Some("jsn")),
+            Err("\"jsn\" is not text or json".to_owned())
+        );
     }
 }

@@ -5,10 +5,6 @@ use std::{process::Stdio, time::Duration};
 
 use crate::support::*;
 
-fn stderr_of(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 /// `migrate --check` on `db`: exit code and the `pending` list it printed.
 fn migrate_check(db: &TestDb) -> (Option<i32>, Vec<String>) {
     let output = binary()

@@ -19,6 +19,7 @@ mod kafka_tls;
 mod libpq_env;
 mod live_migration;
 mod logging;
+mod operator_edges;
 mod outbox_parking;
 mod paused_instance;
 mod pg_tls;

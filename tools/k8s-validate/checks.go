@@ -384,6 +384,7 @@ func checkWorker(where string, spec *corev1.PodSpec, c *corev1.Container, m *man
 		}
 	}
 	checkTLSPaths(cw, spec, c, e, m, true, p)
+	checkPasswordFile(cw, spec, c, e, p)
 	checkDatabaseSettings(cw, e, p)
 	checkKafkaSettings(cw, e, p)
 	checkTraceSettings(cw, e, p)
@@ -538,6 +539,7 @@ func checkMigrate(where string, deploy *appsv1.Deployment, worker *corev1.Contai
 	checkDatabaseSettings(cw, e, p)
 	if spec := &deploy.Spec.Template.Spec; findContainer(spec.InitContainers, c.Name) == c {
 		checkTLSPaths(cw, spec, c, e, m, false, p)
+		checkPasswordFile(cw, spec, c, e, p)
 	}
 	if c.Image != worker.Image {
 		p.add(cw, "image %q differs from the worker's %q: the migrations must match the binary", c.Image, worker.Image)
@@ -626,6 +628,31 @@ func checkVolumes(where string, spec *corev1.PodSpec, p *problems) {
 						p.add(where, "container %s: secret volume %s mounted with subPath: the kubelet never updates such a file, so a rotated certificate would not arrive", c.Name, v.Name)
 					}
 				}
+			}
+		}
+	}
+}
+
+// checkPasswordFile: a PGPASSFILE inside a Secret volume cannot work. The
+// kubelet writes a Secret's files as root's and, with fsGroup, adds group
+// read to their mode (0440 at least, whatever defaultMode says); libpq
+// ignores a password file its group may read, and so does the worker.
+// Without fsGroup a non-root worker cannot read the file at all. The
+// password comes from the Secret as PGPASSWORD instead.
+func checkPasswordFile(where string, spec *corev1.PodSpec, c *corev1.Container, e env, p *problems) {
+	file, ok := e.values["PGPASSFILE"]
+	file = strings.TrimSpace(file)
+	if !ok || file == "" {
+		return
+	}
+	for _, mount := range c.VolumeMounts {
+		mountPath := path.Clean(mount.MountPath)
+		if !strings.HasPrefix(path.Clean(file), mountPath+"/") {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name == mount.Name && (v.Secret != nil || v.Projected != nil) {
+				p.add(where, "container %s: PGPASSFILE %s is in Secret volume %s: the kubelet makes its files root's and group-readable, and a password file its group may read is ignored (libpq's rule); give the password as PGPASSWORD from the Secret", c.Name, file, v.Name)
 			}
 		}
 	}

@@ -78,6 +78,7 @@ func TestEachBreakageIsCaught(t *testing.T) {
 		{"memory under the measured RSS", "            memory: 48Mi\n", "            memory: 16Mi\n", "under 2x the measured peak RSS"},
 		{"certificate mounted with subPath", "        - mountPath: /etc/booking-expiration/tls\n          name: tls\n", "        - mountPath: /etc/booking-expiration/tls\n          name: tls\n          subPath: ca.crt\n", "never updates such a file"},
 		{"world-readable key", "          defaultMode: 288\n", "          defaultMode: 420\n", "defaultMode must give others no access"},
+		{"password file in a Secret volume", "  PGPASSWORD: CHANGE-ME\n", "  PGPASSFILE: /etc/booking-expiration/tls/pgpass\n", "PGPASSFILE /etc/booking-expiration/tls/pgpass is in Secret volume tls"},
 		{"migrate through the pooler (no direct URL)", "  DATABASE_DIRECT_URL: ", "  DATABASE_DIRECT_URLS: ", "DATABASE_POOLER=transaction and no DATABASE_DIRECT_URL: migrate"},
 		{"the old MIGRATE_DATABASE_URL convention", "  DATABASE_DIRECT_URL: ", "  MIGRATE_DATABASE_URL: ", `key "MIGRATE_DATABASE_URL" is not an environment variable`},
 		{"unknown pooler mode", "  DATABASE_POOLER: transaction\n", "  DATABASE_POOLER: statement\n", `DATABASE_POOLER "statement" is not none or transaction`},

@@ -104,6 +104,11 @@ pub async fn wait_http_status(addr: &str, path: &str, status: u16, timeout: Dura
     .await;
 }
 
+/// A finished process's stderr, as text.
+pub fn stderr_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 /// Sends SIGTERM to a child process.
 pub fn terminate(child: &std::process::Child) {
     let status = std::process::Command::new("kill")
