@@ -25,7 +25,7 @@ pub fn bounded(
     database: DateTime<Utc>,
     max_skew: std::time::Duration,
 ) -> AsOf {
-    // Checked: no bound a setting allows overflows (config::ranges), and
+    // Checked: no bound a setting allows overflows (config::catalog), and
     // one that did would be no bound at all rather than a panic.
     let bound = chrono::Duration::from_std(max_skew)
         .ok()
