@@ -342,6 +342,27 @@ chmod 600 client.key";
         assert!(stderr.contains("X.509 v1"), "says why: {stderr}");
         assert!(!stderr.contains("sslkey"), "not the key: {stderr}");
     }
+    // The same certificate for Kafka's mutual TLS: `run` refuses it at
+    // start, naming the certificate's setting, not the key's.
+    let output = binary()
+        .arg("run")
+        .env("DATABASE_URL", "postgres://u:hunter2@127.0.0.1:1/crm")
+        .env("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
+        .env("KAFKA_SECURITY_PROTOCOL", "SSL")
+        .env("KAFKA_SSL_CERTIFICATE_LOCATION", &cert)
+        .env("KAFKA_SSL_KEY_LOCATION", &key)
+        .output()
+        .unwrap();
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("KAFKA_SSL_CERTIFICATE_LOCATION") && stderr.contains("X.509 v1"),
+        "names the certificate: {stderr}"
+    );
+    assert!(
+        !stderr.contains("KAFKA_SSL_KEY_LOCATION"),
+        "not the key: {stderr}"
+    );
 }
 
 /// A URL without a host takes it from `PGHOST`: the start-up line says

@@ -201,6 +201,18 @@ pub fn client_config(tls: &KafkaTls) -> Result<ClientConfig, TlsFileError> {
         None => Ok(builder.with_no_client_auth()),
         Some(client) => {
             let certs = load_certs("KAFKA_SSL_CERTIFICATE_LOCATION", &client.cert)?;
+            // The certificate's fault, named as such: rustls would refuse
+            // a v1 leaf as a key that does not fit it.
+            if certs
+                .first()
+                .is_some_and(|leaf| crate::tls::is_x509_v1(leaf))
+            {
+                return Err(TlsFileError::new(
+                    "KAFKA_SSL_CERTIFICATE_LOCATION",
+                    &client.cert,
+                    crate::tls::X509_V1,
+                ));
+            }
             let key = load_key("KAFKA_SSL_KEY_LOCATION", &client.key)?;
             builder.with_client_auth_cert(certs, key).map_err(|e| {
                 TlsFileError::new(
