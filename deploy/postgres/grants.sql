@@ -20,3 +20,8 @@ GRANT INSERT, SELECT ON booking_expiration_audit TO booking_expiration;
 -- parked and deleted (retention) by the publisher; read by status; put
 -- back by outbox retry.
 GRANT INSERT, SELECT, UPDATE, DELETE ON booking_expiration_outbox TO booking_expiration;
+
+-- Topics' partition counts: written by the publisher when it reads a
+-- topic's metadata, read by every writer of outbox rows (each new row gets
+-- its partition).
+GRANT SELECT, INSERT, UPDATE ON booking_expiration_topic_layout TO booking_expiration;

@@ -48,13 +48,21 @@ pub(crate) fn insert_sql(values: OutboxValues<'_>) -> String {
         claimed_by,
         from,
     } = values;
+    // The topic's layout as the publishers last read it (an uncorrelated
+    // subquery: read once per statement): each row is born with its
+    // partition, which the claim's index is ordered by.
+    let count = format!(
+        "(SELECT l.partitions FROM booking_expiration_topic_layout l WHERE l.topic = {topic})"
+    );
     format!(
         "INSERT INTO booking_expiration_outbox \
              (event_id, topic, message_key, key_hash, payload, headers, \
-              correlation_id, tenant_id, created_at, replay_id, claimed_until, claimed_by) \
+              correlation_id, tenant_id, created_at, replay_id, claimed_until, claimed_by, \
+              partition_count, kafka_partition) \
          SELECT {message}.event_id, {topic}, {message}.message_key, {message}.key_hash, \
                 {message}.payload, {message}.headers::json, {correlation_id}, \
-                {message}.tenant_id, {created_at}, {replay_id}, {claimed_until}, {claimed_by} \
+                {message}.tenant_id, {created_at}, {replay_id}, {claimed_until}, {claimed_by}, \
+                {count}, {message}.key_hash % {count} \
          {from}"
     )
 }
@@ -271,7 +279,7 @@ impl From<StoredRow> for ClaimedRow {
 }
 
 /// The unpublished rows the publisher may claim, leases aside. Keep it the
-/// predicate of `ix_booking_expiration_outbox_unpublished`, word for word in
+/// predicate of `ix_booking_expiration_outbox_claim`, word for word in
 /// meaning, so the claim and the lag count are index scans.
 const CLAIMABLE: &str = "published_at IS NULL AND parked_at IS NULL";
 
@@ -287,15 +295,24 @@ pub struct Claim {
     /// Topics none of whose rows are taken (a topic that cannot take
     /// records now: missing, refused, or with enough of its rows held).
     pub skip_topics: Vec<String>,
-    /// Topics whose partition count is known: their rows are taken only
-    /// through `partitions`, each partition for itself.
-    pub routed_topics: Vec<String>,
+    /// Topics whose partition count is known, with the count: their rows
+    /// written for that count are taken only through `partitions`, each
+    /// partition for itself; their rows written for another count or none
+    /// within `limit`.
+    pub routed_topics: Vec<RoutedTopic>,
     /// Per partition of a routed topic: at most `room` of its rows (those
     /// with `key_hash % count = partition`), oldest first. A partition not
     /// listed takes nothing. Each partition's rows are claimed apart from
     /// the others, so a partition with a backlog never fills a claim that
     /// the other partitions' new rows needed.
     pub partitions: Vec<PartitionRoom>,
+}
+
+/// A topic whose partition count the publisher knows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutedTopic {
+    pub topic: String,
+    pub count: i32,
 }
 
 /// One partition's part of a claim.
@@ -319,34 +336,79 @@ impl PartitionRoom {
 const LEASE_FREE: &str = "(c.claimed_until IS NULL OR c.claimed_until < statement_timestamp())";
 
 /// The claim statement. `$1` the limit of the rows the partitions do not
-/// cover, `$2` the lease in milliseconds, `$3` topics to skip, `$4` the
-/// routed topics, `$5`–`$8` the partitions (topic, count, partition, room),
-/// `$9` the lease's owner.
-/// Each listed partition is one index scan of its own (a LATERAL join over
-/// the list), stopped at its room.
+/// cover, `$2` the lease in milliseconds, `$3` topics to skip, `$4`/`$5`
+/// the routed topics and their counts, `$6`–`$9` the partitions (topic,
+/// count, partition, room), `$10` the lease's owner.
+///
+/// Every branch is an index range scan of `ix_booking_expiration_outbox_claim`
+/// (topic, partition_count, kafka_partition, id) that starts where its rows
+/// start and stops at its limit, whatever the backlog:
+///
+/// - each listed partition: its rows written for the topic's current
+///   count, oldest first, up to its room;
+/// - each routed topic: its rows written for another count (below it,
+///   above it) or for none, in the index's order, within `$1`;
+/// - topics the publisher does not know yet (a `republish` to another
+///   topic): found by a loose scan of the index's first column (one probe
+///   per topic), then their rows within `$1`.
 fn claim_sql() -> &'static str {
     static SQL: LazyLock<String> = LazyLock::new(|| {
+        let take = |filter: &str, order: &str, limit: &str| {
+            format!(
+                "SELECT c.id FROM booking_expiration_outbox c \
+                  WHERE {CLAIMABLE} AND {LEASE_FREE} AND {filter} \
+                  ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED"
+            )
+        };
+        let layout_order = "c.partition_count, c.kafka_partition, c.id";
+        let partition = take(
+            "c.topic = s.topic AND c.partition_count = s.n AND c.kafka_partition = s.p",
+            "c.id",
+            "s.room",
+        );
+        let below = take(
+            "c.topic = r.topic AND c.partition_count < r.n",
+            layout_order,
+            "$1",
+        );
+        let above = take(
+            "c.topic = r.topic AND c.partition_count > r.n",
+            layout_order,
+            "$1",
+        );
+        let none = take(
+            "c.topic = r.topic AND c.partition_count IS NULL",
+            layout_order,
+            "$1",
+        );
+        let unknown = take("c.topic = t.topic", layout_order, "$1");
         format!(
-            "UPDATE booking_expiration_outbox o \
+            "WITH RECURSIVE topics(topic) AS ( \
+                  SELECT min(c.topic) FROM booking_expiration_outbox c WHERE {CLAIMABLE} \
+                  UNION ALL \
+                  SELECT (SELECT min(c.topic) FROM booking_expiration_outbox c \
+                           WHERE {CLAIMABLE} AND c.topic > t.topic) \
+                    FROM topics t WHERE t.topic IS NOT NULL) \
+             UPDATE booking_expiration_outbox o \
                 SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond', \
-                    claimed_by = $9 \
+                    claimed_by = $10 \
               WHERE o.id IN ( \
                     SELECT x.id \
-                      FROM unnest($5::text[], $6::int[], $7::int[], $8::int[]) AS s(topic, n, p, room) \
-                     CROSS JOIN LATERAL ( \
-                           SELECT c.id FROM booking_expiration_outbox c \
-                            WHERE {CLAIMABLE} AND {LEASE_FREE} \
-                              AND c.topic = s.topic AND c.key_hash % s.n = s.p \
-                            ORDER BY c.id LIMIT s.room \
-                              FOR UPDATE SKIP LOCKED) x \
+                      FROM unnest($6::text[], $7::int[], $8::int[], $9::int[]) AS s(topic, n, p, room) \
+                     CROSS JOIN LATERAL ({partition}) x \
                     UNION ALL \
-                    SELECT g.id FROM ( \
-                           SELECT c.id FROM booking_expiration_outbox c \
-                            WHERE {CLAIMABLE} AND {LEASE_FREE} \
-                              AND c.topic <> ALL($3::text[]) \
-                              AND (c.key_hash IS NULL OR c.topic <> ALL($4::text[])) \
-                            ORDER BY c.id LIMIT $1 \
-                              FOR UPDATE SKIP LOCKED) g) \
+                    SELECT y.id FROM ( \
+                           SELECT x.id \
+                             FROM unnest($4::text[], $5::int[]) AS r(topic, n) \
+                            CROSS JOIN LATERAL ( \
+                                  ({below}) UNION ALL ({above}) UNION ALL ({none})) x \
+                            WHERE r.topic <> ALL($3::text[]) \
+                           UNION ALL \
+                           SELECT x.id FROM topics t \
+                            CROSS JOIN LATERAL ({unknown}) x \
+                            WHERE t.topic IS NOT NULL \
+                              AND t.topic <> ALL($3::text[]) AND t.topic <> ALL($4::text[]) \
+                           LIMIT $1) y) \
              RETURNING o.id, o.event_id, o.topic, o.message_key, o.payload, \
                        o.headers::text AS headers, o.created_at, o.key_hash"
         )
@@ -363,12 +425,14 @@ fn claim_query(
 ) -> diesel::query_builder::BoxedSqlQuery<'static, diesel::pg::Pg, diesel::query_builder::SqlQuery>
 {
     let parts = &claim.partitions;
+    let routed = &claim.routed_topics;
     diesel::sql_query(format!("{prefix}{}", claim_sql()))
         .into_boxed()
         .bind::<BigInt, _>(i64::from(claim.limit))
         .bind::<BigInt, _>(millis(claim.lease))
         .bind::<Array<Text>, _>(claim.skip_topics.clone())
-        .bind::<Array<Text>, _>(claim.routed_topics.clone())
+        .bind::<Array<Text>, _>(routed.iter().map(|r| r.topic.clone()).collect::<Vec<_>>())
+        .bind::<Array<Integer>, _>(routed.iter().map(|r| r.count).collect::<Vec<_>>())
         .bind::<Array<Text>, _>(parts.iter().map(|p| p.topic.clone()).collect::<Vec<_>>())
         .bind::<Array<Integer>, _>(parts.iter().map(|p| p.count).collect::<Vec<_>>())
         .bind::<Array<Integer>, _>(parts.iter().map(|p| p.partition).collect::<Vec<_>>())
@@ -483,6 +547,27 @@ pub async fn mark_published(
     .bind::<Array<BigInt>, _>(ids)
     .bind::<Timestamptz, _>(at)
     .bind::<SqlUuid, _>(owner.0)
+    .execute(conn)
+    .await?)
+}
+
+/// Records `topic`'s partition count as read from the brokers, so writers
+/// give each new row its partition (a write only when it changed).
+pub async fn set_layout(
+    conn: &mut AsyncPgConnection,
+    topic: &str,
+    partitions: i32,
+    at: DateTime<Utc>,
+) -> Result<usize, DbError> {
+    Ok(diesel::sql_query(
+        "INSERT INTO booking_expiration_topic_layout AS l (topic, partitions, read_at) \
+         VALUES ($1, $2, $3) \
+         ON CONFLICT (topic) DO UPDATE SET partitions = EXCLUDED.partitions, read_at = EXCLUDED.read_at \
+         WHERE l.partitions <> EXCLUDED.partitions",
+    )
+    .bind::<Text, _>(topic)
+    .bind::<Integer, _>(partitions)
+    .bind::<Timestamptz, _>(at)
     .execute(conn)
     .await?)
 }
@@ -681,7 +766,7 @@ mod tests {
             .and_then(|(_, rest)| rest.split_once("FROM x"))
             .map(|(list, _)| list.split(',').count())
             .unwrap();
-        assert_eq!((columns, values), (12, 12), "{sql}");
+        assert_eq!((columns, values), (14, 14), "{sql}");
         assert_eq!(
             MessageColumns::params(4),
             "$4::uuid[], $5::text[], $6::int[], $7::bytea[], $8::text[], $9::uuid[]"

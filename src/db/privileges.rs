@@ -106,6 +106,24 @@ pub const GRANTS: &[Grant] = &[
         columns: &[],
         needed_by: &[Use::Publish],
     },
+    Grant {
+        table: "booking_expiration_topic_layout",
+        privilege: "SELECT",
+        columns: &[],
+        needed_by: &[Use::Expire, Use::Publish, Use::Republish],
+    },
+    Grant {
+        table: "booking_expiration_topic_layout",
+        privilege: "INSERT",
+        columns: &[],
+        needed_by: &[Use::Publish],
+    },
+    Grant {
+        table: "booking_expiration_topic_layout",
+        privilege: "UPDATE",
+        columns: &[],
+        needed_by: &[Use::Publish],
+    },
 ];
 
 /// The grants `uses` need, each once, in [`GRANTS`] order.
@@ -240,7 +258,8 @@ mod tests {
                 "SELECT bookings",
                 "UPDATE bookings",
                 "INSERT booking_expiration_audit",
-                "INSERT booking_expiration_outbox"
+                "INSERT booking_expiration_outbox",
+                "SELECT booking_expiration_topic_layout"
             ]
         );
         // Nothing is ever needed on bookings but reading it and updating

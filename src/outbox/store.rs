@@ -32,6 +32,9 @@ pub struct Round {
     pub release: Vec<i64>,
     /// New rows to claim.
     pub claim: Option<Claim>,
+    /// Topics' partition counts read from the brokers since the last
+    /// round, for writers to give new rows their partition.
+    pub layouts: Vec<(String, i32)>,
 }
 
 impl Round {
@@ -41,6 +44,7 @@ impl Round {
             && self.renew.is_empty()
             && self.release.is_empty()
             && self.claim.is_none()
+            && self.layouts.is_empty()
     }
 }
 
@@ -133,6 +137,9 @@ impl Store for PgStore {
             }
             if !round.release.is_empty() {
                 outbox::release(conn, &round.release, owner).await?;
+            }
+            for (topic, partitions) in &round.layouts {
+                outbox::set_layout(conn, topic, *partitions, now).await?;
             }
             let claimed = match &round.claim {
                 Some(claim) => outbox::claim(conn, claim, owner).await?,

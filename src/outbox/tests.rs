@@ -743,6 +743,7 @@ async fn a_paused_instances_renew_release_and_mark_touch_only_its_rows() {
             release: vec![ids[3]],
             lease,
             claim: None,
+            layouts: Vec::new(),
         })
         .await
         .expect("in memory");

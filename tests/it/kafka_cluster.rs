@@ -1189,7 +1189,10 @@ async fn claim_cost(db: &TestDb, topic: &str) -> String {
     let claim = db::outbox::Claim {
         limit: 500,
         lease: Timing::default().lease,
-        routed_topics: vec![topic.to_owned()],
+        routed_topics: vec![db::outbox::RoutedTopic {
+            topic: topic.to_owned(),
+            count: 3,
+        }],
         partitions: vec![room(1), room(2)],
         ..Default::default()
     };

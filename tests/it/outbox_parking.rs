@@ -179,9 +179,9 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
     // partition's part of it too.
     db.exec_sql(
         "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, payload, headers, correlation_id, tenant_id, \
-            created_at, published_at, parked_at, park_reason) \
-         SELECT gen_random_uuid(), 't', g::text, g, '\\x00', '{}', gen_random_uuid(), \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at, published_at, parked_at, park_reason) \
+         SELECT gen_random_uuid(), 't', g::text, g, 2, g % 2, '\\x00', '{}', gen_random_uuid(), \
                 gen_random_uuid(), now(), \
                 CASE WHEN g <= 20000 THEN now() END, \
                 CASE WHEN g > 20000 AND g <= 22000 THEN now() END, \
@@ -201,14 +201,17 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
     let claim = Claim {
         limit: 100,
         lease: Duration::from_secs(15),
-        routed_topics: vec!["t".to_owned()],
+        routed_topics: vec![outbox::RoutedTopic {
+            topic: "t".to_owned(),
+            count: 2,
+        }],
         partitions: vec![room(0), room(1)],
         ..Claim::default()
     };
     let text = outbox::explain_claim(&mut conn, &claim, "").await.unwrap();
     assert!(
         text.iter()
-            .any(|l| l.contains("ix_booking_expiration_outbox_unpublished")),
+            .any(|l| l.contains("ix_booking_expiration_outbox_claim")),
         "{}",
         text.join("\n")
     );
@@ -237,13 +240,17 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
     assert_eq!((stats.unpublished, stats.parked), (50, 2000));
 
     // Fair by partition: 1,000 older rows of partition 0, then 10 of
-    // partition 1; a claim of 100 a partition takes 100 and the 10.
+    // partition 1, each born with its partition (as the writers give it
+    // once the topic's layout is known); a claim of 100 a partition takes
+    // 100 and the 10.
     db.exec_sql(
         "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, payload, headers, correlation_id, tenant_id, created_at) \
-         SELECT gen_random_uuid(), 't', g::text, CASE WHEN g <= 1000 THEN 2 * g ELSE 2 * g + 1 END, \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at) \
+         SELECT gen_random_uuid(), 't', g::text, h, 2, h % 2, \
                 '\\x00', '{}', gen_random_uuid(), gen_random_uuid(), now() \
-         FROM generate_series(1, 1010) AS g",
+         FROM generate_series(1, 1010) AS g, \
+              LATERAL (SELECT CASE WHEN g <= 1000 THEN 2 * g ELSE 2 * g + 1 END AS h) k",
     )
     .await;
     let claimed = outbox::claim(&mut conn, &claim, owner).await.unwrap();
@@ -435,5 +442,97 @@ async fn a_request_too_large_for_the_topic_is_split_until_each_record_fits() {
             "crm_booking_expiration_outbox_produce_errors_total{code=\"MESSAGE_TOO_LARGE\"}"
         ),
         "the broker refused the whole requests: {metrics}"
+    );
+}
+
+/// The buffers one claim reads (`EXPLAIN (ANALYZE, BUFFERS)`, rolled
+/// back): a claim of partitions 1 and 2, 100 rows each, over an outbox
+/// whose partition 0 (one that cannot be written) holds `backlog` rows
+/// older than theirs.
+async fn claim_buffers(backlog: u32) -> u64 {
+    let db = TestDb::new().await;
+    // Partition 0's backlog first (the oldest ids), then 100 rows of each
+    // other partition, every row born with its partition.
+    db.exec_sql(&format!(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at) \
+         SELECT gen_random_uuid(), 't', g::text, p, 3, p, '\\x00', '{{}}', gen_random_uuid(), \
+                gen_random_uuid(), now() \
+         FROM generate_series(1, {backlog} + 200) AS g, \
+              LATERAL (SELECT CASE WHEN g <= {backlog} THEN 0 ELSE 1 + g % 2 END AS p) k"
+    ))
+    .await;
+    db.exec_sql("VACUUM ANALYZE booking_expiration_outbox")
+        .await;
+    let room = |partition| outbox::PartitionRoom {
+        topic: "t".to_owned(),
+        count: 3,
+        partition,
+        room: 100,
+    };
+    let claim = Claim {
+        limit: 100,
+        lease: Duration::from_secs(15),
+        routed_topics: vec![outbox::RoutedTopic {
+            topic: "t".to_owned(),
+            count: 3,
+        }],
+        partitions: vec![room(1), room(2)],
+        ..Claim::default()
+    };
+    let mut conn = db.conn().await;
+    // The plan runs the claim: in a transaction never committed.
+    diesel_async::AsyncConnection::begin_test_transaction(&mut conn)
+        .await
+        .expect("begin");
+    let plan = outbox::explain_claim(&mut conn, &claim, "(ANALYZE, BUFFERS)")
+        .await
+        .unwrap();
+    let rows = plan
+        .iter()
+        .find_map(|l| {
+            l.split("actual time=")
+                .nth(1)?
+                .split("rows=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert_eq!(
+        rows,
+        200,
+        "the claim took each partition's room:\n{}",
+        plan.join("\n")
+    );
+    // The statement's own buffers: the first "Buffers:" line is its total.
+    plan.iter()
+        .find_map(|l| {
+            let hit = l.trim().strip_prefix("Buffers: shared hit=")?;
+            hit.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no buffers in:\n{}", plan.join("\n")))
+}
+
+/// A claim reads what it takes, not the backlog: with 200,000 rows of an
+/// unwritable partition ahead of theirs, a claim of two other partitions
+/// reads as many buffers as with 20,000 (each partition's scan starts at
+/// its own oldest row in `ix_booking_expiration_outbox_claim`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_reads_what_it_takes_not_the_backlog() {
+    let small = claim_buffers(20_000).await;
+    let large = claim_buffers(200_000).await;
+    eprintln!(
+        "FIGURES claim-cost: buffers read by a claim of 200 rows: {small} over a backlog of 20,000, {large} over 200,000"
+    );
+    assert!(
+        large as f64 <= small as f64 * 1.2 + 10.0,
+        "{large} buffers over 200,000 rows against {small} over 20,000"
     );
 }

@@ -632,6 +632,7 @@ async fn a_paused_instance_changes_nothing_of_the_rows_another_claimed() {
             release: vec![ids[3]],
             lease: Duration::from_secs(60),
             claim: None,
+            layouts: Vec::new(),
         })
         .await
         .unwrap();

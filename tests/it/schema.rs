@@ -163,6 +163,7 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
         "booking_expiration_audit",
         "booking_expiration_outbox",
         "booking_expiration_outbox_notify",
+        "booking_expiration_topic_layout",
     ] {
         assert!(!exists(&db, owned).await, "{owned} is left after revert");
     }
@@ -388,9 +389,9 @@ async fn the_worker_tables_carry_only_the_indexes_their_queries_use() {
             "ix_booking_expiration_audit_booking_id",
             "ix_booking_expiration_audit_id",
             "ix_booking_expiration_audit_tenant_id_id",
+            "ix_booking_expiration_outbox_claim",
             "ix_booking_expiration_outbox_parked",
             "ix_booking_expiration_outbox_published_at",
-            "ix_booking_expiration_outbox_unpublished",
             "ux_booking_expiration_outbox_event_id_replay_id",
         ]
     );
@@ -444,9 +445,10 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     db.exec_sql(&row("gen_random_uuid()")).await;
     let mut harness = AsyncMigrationHarness::new(db.conn().await);
     // Diesel names a migration by its version, the folder name's digits.
-    // The replay's audit indexes, the outbox leases and their owner came
-    // after the lean_outbox migration.
+    // The replay's audit indexes, the outbox leases, their owner and the
+    // claim by partition came after the lean_outbox migration.
     for expected in [
+        "20261206000003",
         "20261206000002",
         "20261206000001",
         "20261205000003",
@@ -477,6 +479,6 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let applied = db::migrate::run_migrations(&db.settings)
         .await
         .expect("the migration applies again");
-    assert_eq!(applied.len(), 6, "{applied:?}");
+    assert_eq!(applied.len(), 7, "{applied:?}");
     assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
 }

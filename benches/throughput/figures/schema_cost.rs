@@ -177,8 +177,8 @@ pub const VARIANTS: [Variant; 24] = [
     ),
     raw(
         "outbox_no_unpublished_index",
-        "outbox: - partial index on unpublished rows (the claim's)",
-        "DROP INDEX ix_booking_expiration_outbox_unpublished;",
+        "outbox: - partial index on unpublished rows (the claim's, by partition)",
+        "DROP INDEX ix_booking_expiration_outbox_claim;",
     ),
     raw(
         "outbox_no_published_index",
@@ -192,7 +192,7 @@ pub const VARIANTS: [Variant; 24] = [
     ),
     raw(
         "outbox_no_trigger",
-        "outbox: - NOTIFY trigger (per statement)",
+        "outbox: - NOTIFY trigger (per row no publisher holds)",
         "DROP TRIGGER booking_expiration_outbox_notify ON booking_expiration_outbox;",
     ),
     raw(

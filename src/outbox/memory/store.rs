@@ -284,7 +284,7 @@ impl Store for MemoryStore {
                 {
                     continue;
                 }
-                let (count, room) = if claim.routed_topics.contains(&row.topic) {
+                let (count, room) = if claim.routed_topics.iter().any(|r| r.topic == row.topic) {
                     let Some(i) = claim
                         .partitions
                         .iter()

@@ -111,6 +111,8 @@ pub(crate) struct Run<'a, T, S> {
     parked: Vec<(i64, String)>,
     /// Renewals of a round that failed, for the next.
     renew_again: Vec<i64>,
+    /// Topics' partition counts read since the last round, to record.
+    layouts: Vec<(String, i32)>,
     /// Rows to release with the next round: handed over without room.
     release_next: Vec<i64>,
     /// Rows the expiry of this process hands over (closed: `None`).
@@ -158,6 +160,7 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
             published: Vec::new(),
             parked: Vec::new(),
             renew_again: Vec::new(),
+            layouts: Vec::new(),
             release_next: Vec::new(),
             intake,
             more: true,

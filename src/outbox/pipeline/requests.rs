@@ -133,15 +133,17 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 if self.reports.recovered(topic) {
                     tracing::info!(topic, partitions = count, "topic readable again");
                 }
-                if let Some((before, after)) = self.queues.set_partitions(topic, count, now)
-                    && before > 0
-                {
-                    tracing::warn!(
-                        topic,
-                        before,
-                        after,
-                        "partition count changed; keys map to the new partitions from now on"
-                    );
+                if let Some((before, after)) = self.queues.set_partitions(topic, count, now) {
+                    // Writers give new rows their partition in this layout.
+                    self.layouts.push((topic.to_owned(), count));
+                    if before > 0 {
+                        tracing::warn!(
+                            topic,
+                            before,
+                            after,
+                            "partition count changed; keys map to the new partitions from now on"
+                        );
+                    }
                 }
                 if self.skipped.skip_topics.iter().any(|t| t == topic) {
                     self.more = true;

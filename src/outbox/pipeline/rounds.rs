@@ -63,6 +63,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             lease: timing.lease,
             release,
             claim,
+            layouts: std::mem::take(&mut self.layouts),
         };
         if round.is_empty() {
             return;
@@ -132,6 +133,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 }
                 self.published.extend(round.published);
                 self.parked.extend(round.parked);
+                self.layouts.extend(round.layouts);
                 self.renew_again.extend(round.renew);
                 if round.claim.is_some() {
                     self.more = true;

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tokio::time::Instant;
 
-use crate::db::outbox::PartitionRoom;
+use crate::db::outbox::{PartitionRoom, RoutedTopic};
 
 use super::{
     Backoff,
@@ -50,8 +50,8 @@ pub(crate) struct Room {
     /// Rows of topics whose partitions are not known.
     pub limit: usize,
     pub skip_topics: Vec<String>,
-    /// Topics whose partitions are known.
-    pub routed_topics: Vec<String>,
+    /// Topics whose partitions are known, with their count.
+    pub routed_topics: Vec<RoutedTopic>,
     /// The partitions with room, and how much.
     pub partitions: Vec<PartitionRoom>,
     /// The partitions without room: `(topic, partition)`. Once one of them
@@ -340,8 +340,11 @@ impl Queues {
                 }
                 continue;
             }
-            room.routed_topics.push(name.clone());
             let count = t.partitions.len() as i32;
+            room.routed_topics.push(RoutedTopic {
+                topic: name.clone(),
+                count,
+            });
             for (partition, queue) in t.partitions.iter().enumerate() {
                 match share.saturating_sub(queue.len()) {
                     0 => room.full.push((name.clone(), partition as i32)),
