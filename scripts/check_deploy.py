@@ -70,6 +70,7 @@ GAUGES = [
     "crm_booking_expiration_outbox_parked",
     "crm_booking_expiration_outbox_held",
     "crm_booking_expiration_outbox_partitions_failing",
+    "crm_booking_expiration_expiry_waker",
 ]
 HISTOGRAMS = {
     "crm_booking_expiration_cycle_duration_seconds":

@@ -248,6 +248,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
 
     let uses: Vec<Use> = [
         (roles.worker, Use::Expire),
+        (roles.worker, Use::Wake),
         (roles.publisher, Use::Publish),
         (true, Use::Lag),
     ]

@@ -55,13 +55,13 @@
 //!
 //! 1. `scheduler`
 //! 2. `cycle`
-//! 3. `skew`, `sweep`, `wake`
+//! 3. `skew`, `sweep`, `wake`, `waker`
 //!
 //! ## Rooms of `db`
 //!
 //! 1. `migrate`, `privileges`, `replay`, `seed`
 //! 2. `bookings`, `pool`
-//! 3. `connect`, `outbox`
+//! 3. `connect`, `outbox`, `waker`
 //! 4. `tls`
 //!
 //! ## Rooms of `outbox`

@@ -25,3 +25,7 @@ GRANT INSERT, SELECT, UPDATE, DELETE ON booking_expiration_outbox TO booking_exp
 -- topic's metadata, read by every writer of outbox rows (each new row gets
 -- its partition).
 GRANT SELECT, INSERT, UPDATE ON booking_expiration_topic_layout TO booking_expiration;
+
+-- The deadline waker's lease (one row): taken, renewed and given up by the
+-- expiry of `run`.
+GRANT SELECT, INSERT, UPDATE, DELETE ON booking_expiration_waker TO booking_expiration;

@@ -17,6 +17,7 @@ pub mod privileges;
 pub mod replay;
 pub mod seed;
 pub mod tls;
+pub mod waker;
 
 pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, ping, probe};
 

@@ -21,6 +21,8 @@ use super::{DbError, PgPool};
 pub enum Use {
     /// Expiring bookings (`once`, and `run` unless `NO_WORKER`).
     Expire,
+    /// The deadline waker's lease (`run` unless `NO_WORKER`).
+    Wake,
     /// Publishing the outbox (`run` unless `NO_PUBLISHER`): claim, mark,
     /// park, retention.
     Publish,
@@ -105,6 +107,30 @@ pub const GRANTS: &[Grant] = &[
         privilege: "DELETE",
         columns: &[],
         needed_by: &[Use::Publish],
+    },
+    Grant {
+        table: "booking_expiration_waker",
+        privilege: "SELECT",
+        columns: &[],
+        needed_by: &[Use::Wake],
+    },
+    Grant {
+        table: "booking_expiration_waker",
+        privilege: "INSERT",
+        columns: &[],
+        needed_by: &[Use::Wake],
+    },
+    Grant {
+        table: "booking_expiration_waker",
+        privilege: "UPDATE",
+        columns: &[],
+        needed_by: &[Use::Wake],
+    },
+    Grant {
+        table: "booking_expiration_waker",
+        privilege: "DELETE",
+        columns: &[],
+        needed_by: &[Use::Wake],
     },
     Grant {
         table: "booking_expiration_topic_layout",

@@ -1,6 +1,7 @@
 //! The sweep: [`ExpiryWorker::run_cycle`] is one cycle over both phases,
 //! [`scheduler::run`] repeats it until shutdown, waking at each regular tick
-//! and (unless turned off) just after the next known deadline
+//! and (unless turned off, and only the instance holding the [`waker`]'s
+//! lease) just after the next known deadline
 //! ([`wake::next_wake`], pure), going on from where the last cycle left
 //! each phase ([`sweep::Sweep`]) so poison rows are passed over, and
 //! backing off to the tick while the clock is out of skew ([`skew`]).
@@ -10,5 +11,6 @@ pub mod scheduler;
 pub mod skew;
 pub mod sweep;
 pub(crate) mod wake;
+pub mod waker;
 
 pub use cycle::{CycleError, CycleOutcome, CycleReport, ExpiryWorker};

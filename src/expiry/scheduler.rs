@@ -1,6 +1,7 @@
 //! The schedule: a cycle at once, then one per interval, and (unless
-//! `EXPIRATION_DEADLINE_WAKE=false`) one just after the next known deadline,
-//! at least `EXPIRATION_MIN_GAP` after the previous cycle ended. While it
+//! `EXPIRATION_DEADLINE_WAKE=false`, and only on the instance that holds
+//! the [`Waker`]'s lease) one just after the next known deadline, at least
+//! `EXPIRATION_MIN_GAP` after the previous cycle ended. While it
 //! sleeps longer than a probe interval it reads the next deadline again
 //! every [`PROBE_INTERVAL`](super::wake::PROBE_INTERVAL), so a deadline
 //! written meanwhile is not left for the tick. The loop is sequential, so a
@@ -22,6 +23,7 @@ use super::{
     skew::{SkewWarnings, WARN_EVERY},
     sweep::Sweep,
     wake::{WakeInputs, WakeReason, backlog_left, next_wake},
+    waker::{Waker, keep_lease},
 };
 use crate::{context::TaskContext, telemetry::ErrorChain};
 
@@ -35,9 +37,20 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
         clock,
         metrics,
         health,
-        ..
+        pool,
     } = context;
     let policy = worker.wake_policy();
+    // With deadline wake-ups on, one instance at a time wakes at them (the
+    // waker); without, every instance keeps the tick alone.
+    let waker = Arc::new(Waker::default());
+    let lease = policy.deadline_wake.then(|| {
+        tokio::spawn(keep_lease(
+            pool,
+            Arc::clone(&waker),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        ))
+    });
     let mut next_tick = Instant::now();
     let mut last_end: Option<Instant> = None;
     let mut last_backlog: Option<Instant> = None;
@@ -55,22 +68,32 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
         .max_clock_skew
         .map_or(0, |skew| skew.as_millis() as u64);
     loop {
-        let (wait, reason) = next_wake(
-            &policy,
-            &WakeInputs {
-                now: clock.now(),
-                until_tick: next_tick.saturating_duration_since(Instant::now()),
-                since_last_cycle: last_end.map(|end| end.elapsed()),
-                next_deadline,
-                backlog_left: backlog,
-                can_probe: probe_from.is_some(),
-                clock_ahead,
-            },
-        );
+        let (wait, reason) = if waker.take_became_waker() && probe_from.is_some() {
+            // Just became the waker: read the next deadline at once.
+            (Duration::ZERO, WakeReason::Probe)
+        } else {
+            next_wake(
+                &policy,
+                &WakeInputs {
+                    now: clock.now(),
+                    until_tick: next_tick.saturating_duration_since(Instant::now()),
+                    since_last_cycle: last_end.map(|end| end.elapsed()),
+                    next_deadline,
+                    backlog_left: backlog,
+                    can_probe: probe_from.is_some(),
+                    clock_ahead,
+                    waker: waker.is_waker(),
+                    helping: waker.helping(),
+                },
+            )
+        };
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(wait) => {}
+            // The waker changed hands, or started or stopped needing help:
+            // decide anew.
+            () = waker.changed() => continue,
         }
         if reason == WakeReason::Probe {
             let Some(as_of) = probe_from else { continue };
@@ -117,6 +140,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                 health.record_cycle_success(now);
                 metrics.last_success_timestamp_seconds.set(now.timestamp());
                 backlog = backlog_left(outcome.budget_exhausted, outcome.batch_cap_reached);
+                waker.set_backlog(backlog);
                 clock_ahead = outcome.clamped_ahead_by.is_some();
                 if let Some(ahead) = outcome.clamped_ahead_by {
                     metrics.clock_skew_backoffs.inc();
@@ -135,7 +159,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                     tracing::info!("local clock back within EXPIRATION_MAX_CLOCK_SKEW");
                 }
                 probe_from = Some(outcome.as_of);
-                if policy.deadline_wake && !backlog && !clock_ahead {
+                if policy.deadline_wake && waker.is_waker() && !backlog && !clock_ahead {
                     match worker.next_deadline(outcome.as_of).await {
                         Ok(next) => next_deadline = next,
                         Err(error) => {
@@ -160,6 +184,11 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                 tracing::warn!(error = %ErrorChain(&error), "backlog not measured");
             }
         }
+    }
+    if let Some(lease) = lease
+        && let Err(error) = lease.await
+    {
+        tracing::warn!(%error, "the deadline waker's lease task ended abnormally");
     }
     tracing::info!("expiry worker stopped");
 }

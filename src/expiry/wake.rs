@@ -77,6 +77,12 @@ pub struct WakeInputs {
     /// The last cycle's `as_of` was clamped: the local clock ran ahead of
     /// the database clock by more than `EXPIRATION_MAX_CLOCK_SKEW`.
     pub clock_ahead: bool,
+    /// This instance is the waker: the one that wakes at each deadline and
+    /// probes for new ones (one at a time; the others keep the tick).
+    pub waker: bool,
+    /// Another instance is the waker and says it has due rows left: this
+    /// one cycles too, every minimum gap, until it has none.
+    pub helping: bool,
 }
 
 /// Why the scheduler wakes.
@@ -111,10 +117,13 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
         return (inputs.until_tick.max(gap_left), WakeReason::Tick);
     }
     let mut wait = (inputs.until_tick, WakeReason::Tick);
+    // Only the waker wakes at deadlines and probes; any instance with due
+    // rows left, or helping a busy waker, goes on every minimum gap.
+    let deadlines = policy.deadline_wake && inputs.waker;
     if policy.deadline_wake {
-        if inputs.backlog_left {
+        if inputs.backlog_left || inputs.helping {
             wait = (Duration::ZERO, WakeReason::Backlog);
-        } else if let Some(deadline) = inputs.next_deadline {
+        } else if let Some(deadline) = inputs.next_deadline.filter(|_| deadlines) {
             // A deadline already behind `now` gives a negative span: wake at once.
             let until_deadline =
                 (deadline - inputs.now).to_std().unwrap_or(Duration::ZERO) + DEADLINE_MARGIN;
@@ -126,7 +135,7 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
     let wait = (wait.0.max(gap_left), wait.1);
     // A deadline written during the sleep must not wait for the tick: a long
     // sleep is cut into probes (the gap is the next cycle's, not a probe's).
-    if policy.deadline_wake && inputs.can_probe && wait.0 > policy.probe_interval {
+    if deadlines && inputs.can_probe && wait.0 > policy.probe_interval {
         return (policy.probe_interval, WakeReason::Probe);
     }
     wait
@@ -166,7 +175,35 @@ mod tests {
             backlog_left: false,
             can_probe: false,
             clock_ahead: false,
+            waker: true,
+            helping: false,
         }
+    }
+
+    /// An instance that is not the waker keeps the tick: no deadline, no
+    /// probe; it cycles every minimum gap only while it, or the waker it
+    /// helps, has due rows left.
+    #[test]
+    fn only_the_waker_wakes_at_deadlines_and_probes() {
+        let follower = WakeInputs {
+            waker: false,
+            next_deadline: Some(at(7)),
+            can_probe: true,
+            ..inputs()
+        };
+        assert_eq!(
+            next_wake(&POLICY, &follower),
+            (Duration::from_secs(60), WakeReason::Tick)
+        );
+        let helping = WakeInputs {
+            helping: true,
+            since_last_cycle: Some(Duration::from_millis(100)),
+            ..follower
+        };
+        assert_eq!(
+            next_wake(&POLICY, &helping),
+            (Duration::from_millis(150), WakeReason::Backlog)
+        );
     }
 
     #[test]

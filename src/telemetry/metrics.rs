@@ -72,6 +72,9 @@ pub struct Metrics {
     pub outbox_produce_errors: Family<CodeLabel, Counter>,
     /// Kafka metadata lookups, by reason.
     pub kafka_metadata_refreshes: Family<ReasonLabel, Counter>,
+    /// 1 while this instance is the deadline waker (the one instance that
+    /// wakes at each deadline), else 0.
+    pub expiry_waker: Gauge,
     /// Kafka answers that asked this client to hold its next request (a
     /// quota), and the holds asked for in seconds.
     pub kafka_throttled_responses: Counter,
@@ -143,6 +146,7 @@ impl Metrics {
             outbox_parked: Gauge::default(),
             outbox_produce_errors: Family::default(),
             kafka_metadata_refreshes: Family::default(),
+            expiry_waker: Gauge::default(),
             kafka_throttled_responses: Counter::default(),
             kafka_throttle_seconds: Counter::default(),
             outbox_held: Gauge::default(),
@@ -255,6 +259,11 @@ impl Metrics {
             "crm_booking_expiration_kafka_metadata_refreshes",
             "Kafka metadata lookups by reason: connect, periodic (partition count), leader (after a failed produce)",
             metrics.kafka_metadata_refreshes.clone(),
+        );
+        registry.register(
+            "crm_booking_expiration_expiry_waker",
+            "1 while this instance is the deadline waker (the one instance that wakes at each deadline; the others keep the interval tick), else 0",
+            metrics.expiry_waker.clone(),
         );
         registry.register(
             "crm_booking_expiration_kafka_throttled_responses",

@@ -204,6 +204,7 @@ async fn every_command_runs_with_exactly_the_documented_grants() {
             let args: &[&str] = match used {
                 Use::Expire => &["once"],
                 Use::Publish | Use::Lag => &["run", "--no-worker"],
+                Use::Wake => &["run", "--no-publisher"],
                 Use::Status => &["status"],
                 Use::Unpark => &["outbox", "retry", "--all-parked"],
                 Use::Republish => &["republish", "--booking-id", &booking],
