@@ -39,8 +39,8 @@ use std::{
 
 use anyhow::{Context, Result};
 use figures::{
-    deadline_wake, end_to_end, expiry, idle, kafka_tls, logging, migrations, outbox_cost, profile,
-    publisher, replay, schema_cost, sustained,
+    deadline_wake, drain, end_to_end, expiry, idle, kafka_tls, logging, migrations, outbox_cost,
+    profile, publisher, replay, schema_cost, sustained,
 };
 use results::{Machine, Results};
 use support::{Services, create_topic, loadavg};
@@ -292,6 +292,10 @@ async fn run() -> Result<()> {
         true => Some(sustained::measure(&svc, quick).await?),
         false => None,
     };
+    let drain = match wants("drain") {
+        true => Some(drain::measure(&svc, quick).await?),
+        false => None,
+    };
     // pg_stat_statements is loaded from here on: no timed figure follows.
     let statements = match wants("statements") {
         true => Some(deadline_wake::statements(&svc, quick).await?),
@@ -356,6 +360,7 @@ async fn run() -> Result<()> {
         sustained,
         statements,
         kafka_tls,
+        drain,
         replay,
         migrations,
         late_arrivals,

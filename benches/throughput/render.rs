@@ -205,6 +205,9 @@ pub fn figures_table(r: &Results) -> String {
     if let Some(k) = &r.kafka_tls {
         kafka_tls_rows(k, &mut rows);
     }
+    if let Some(d) = &r.drain {
+        drain_rows(d, &mut rows);
+    }
     if let Some(replay) = &r.replay {
         replay_rows(replay, &mut rows);
     }
@@ -342,6 +345,55 @@ fn late_arrivals_rows(l: &LateArrivals, rows: &mut Vec<Row>) {
             goal: "-".into(),
             met: "-".into(),
             load: l.loadavg_at_start,
+        });
+    }
+}
+
+/// Figure 19: each backlog's drain against the smallest one's.
+fn drain_rows(d: &crate::figures::drain::DrainFigure, rows: &mut Vec<Row>) {
+    let Some(base) = d.sizes.first() else { return };
+    for size in &d.sizes {
+        let goal = match size.rows {
+            r if r >= 2_000_000 => Some(0.8),
+            r if r > base.rows => Some(0.9),
+            _ => None,
+        };
+        let ratio = size.events_per_s.median / base.events_per_s.median;
+        rows.push(Row {
+            figure: format!(
+                "drain an outbox backlog of {} rows (run --no-worker) vs {} rows",
+                num(size.rows as f64),
+                num(base.rows as f64)
+            ),
+            project: rates(&size.events_per_s, "events/s"),
+            baseline: rates(&base.events_per_s, "events/s"),
+            ratio: format!("{ratio:.2}x"),
+            goal: goal.map_or("-".into(), |g| format!(">= {g}x")),
+            met: goal.map_or("-".into(), |g| met(ratio >= g)),
+            load: d.loadavg_at_start,
+        });
+        let cpu = size.pg_cpu_ms_per_1000.median / base.pg_cpu_ms_per_1000.median;
+        rows.push(Row {
+            figure: format!(
+                "  PostgreSQL CPU per 1,000 events at {} rows vs {} (WAL {} bytes per event)",
+                num(size.rows as f64),
+                num(base.rows as f64),
+                num(size.wal_bytes_per_event.median)
+            ),
+            project: fixed(&size.pg_cpu_ms_per_1000, 1, "ms"),
+            baseline: fixed(&base.pg_cpu_ms_per_1000, 1, "ms"),
+            ratio: format!("{cpu:.2}x"),
+            goal: if size.rows > base.rows {
+                "<= 1.2x".into()
+            } else {
+                "-".into()
+            },
+            met: if size.rows > base.rows {
+                met(cpu <= 1.2)
+            } else {
+                "-".into()
+            },
+            load: d.loadavg_at_start,
         });
     }
 }

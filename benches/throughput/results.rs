@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::figures::{
     deadline_wake::{DeadlineToKafka, LateArrivals, Lateness, Statements},
+    drain::DrainFigure,
     end_to_end::{Binary, EndToEnd},
     expiry::Comparison,
     idle::IdleCycle,
@@ -25,7 +26,7 @@ use crate::figures::{
 };
 
 /// The figures `BENCH_ONLY` names, in the order a full run measures them.
-pub const FIGURES: [&str; 18] = [
+pub const FIGURES: [&str; 19] = [
     "expiry",
     "logging",
     "lean",
@@ -40,6 +41,7 @@ pub const FIGURES: [&str; 18] = [
     "lateness",
     "deadline_to_kafka",
     "sustained",
+    "drain",
     "statements",
     "late_arrivals",
     "profile",
@@ -103,6 +105,9 @@ pub struct Results {
     /// Figure 10: Kafka over SASL_SSL against PLAINTEXT.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka_tls: Option<KafkaTlsFigure>,
+    /// Figure 19: an outbox backlog drained at three sizes.
+    #[serde(default)]
+    pub drain: Option<DrainFigure>,
     /// Figure 13: `republish` over a year of audit trail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<ReplayFigure>,
@@ -167,6 +172,7 @@ impl Results {
             "statements" => self.statements.is_some(),
             "profile" => self.profile_pg_stat_statements.is_some(),
             "kafka_tls" => self.kafka_tls.is_some(),
+            "drain" => self.drain.is_some(),
             "replay" => self.replay.is_some(),
             "migrations" => self.migrations.is_some(),
             "late_arrivals" => self.late_arrivals.is_some(),
@@ -204,6 +210,7 @@ impl Results {
         self.deadline_to_kafka = self.deadline_to_kafka.or(previous.deadline_to_kafka);
         self.statements = self.statements.or(previous.statements);
         self.kafka_tls = self.kafka_tls.or(previous.kafka_tls);
+        self.drain = self.drain.or(previous.drain);
         self.replay = self.replay.or(previous.replay);
         self.migrations = self.migrations.or(previous.migrations);
         self.late_arrivals = self.late_arrivals.or(previous.late_arrivals);

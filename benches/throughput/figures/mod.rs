@@ -4,6 +4,7 @@
 //! is [`crate::render`]'s job.
 
 pub mod deadline_wake;
+pub mod drain;
 pub mod end_to_end;
 pub mod expiry;
 pub mod idle;

@@ -64,7 +64,7 @@ const QUICK_RATES: [f64; 3] = [500.0, 2_000.0, 8_000.0];
 const STEP_S: f64 = 40.0;
 const QUICK_STEP_S: f64 = 10.0;
 /// Instance counts, in the order they take turns.
-const INSTANCES: [u32; 2] = [1, 4];
+const INSTANCES: [u32; 3] = [1, 2, 4];
 /// How often the backlog is sampled.
 const SAMPLE_EVERY: Duration = Duration::from_millis(500);
 /// From the instances' start to the first deadline, beyond the insert.

@@ -1,0 +1,286 @@
+//! Figure 19 (`drain`): the outbox backlog an outage leaves, drained by
+//! the release binary's publisher (`run --no-worker`, its defaults, logs at
+//! the default level into a file) against the bench's broker, at 20,000,
+//! 200,000 and 2,000,000 unpublished rows. A claim's cost is what it takes,
+//! not the backlog, so events/s and PostgreSQL's CPU per event stay flat as
+//! the backlog grows.
+//!
+//! Each size's rows are written once into a template database (rows as
+//! the expiry writes them while the broker is unreachable: the topic's
+//! layout known, each row born with its partition; keys are booking ids
+//! with their Java-partitioner hash, payloads and CloudEvents headers of
+//! the real events' size), `VACUUM ANALYZE`d, and every repetition drains a
+//! file copy into a fresh 3-partition topic. Measured per repetition:
+//! events/s from the first row published to the last (the process's start
+//! left out), PostgreSQL's CPU (`support::tree_cpu_ms` of the postmaster,
+//! autovacuum included) and WAL per 1,000 events over the drain.
+//! Goals (issue #41): 200,000 rows at >= 0.9x the events/s of 20,000,
+//! 2,000,000 at >= 0.8x; CPU per event within 1.2x across the sizes.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use booking_expiration::db::outbox::key_hash;
+use diesel::{
+    QueryableByName,
+    sql_types::{Array, Binary, Double, Integer, Text},
+};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::deadline_wake::fresh_db;
+use crate::{
+    progress,
+    support::{Services, Stat, create_topic, kafka_client, loadavg, tree_cpu_ms},
+};
+
+const BINARY: &str = env!("CARGO_BIN_EXE_booking-expiration");
+const SIZES: [u64; 3] = [20_000, 200_000, 2_000_000];
+const QUICK_SIZES: [u64; 2] = [20_000, 200_000];
+const REPEAT: usize = 3;
+const QUICK_REPEAT: usize = 2;
+const PARTITIONS: i32 = 3;
+/// Rows per insert statement while the template is written.
+const CHUNK: u64 = 50_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainFigure {
+    pub sizes: Vec<DrainSize>,
+    pub loadavg_at_start: [f64; 3],
+    pub duration_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DrainSize {
+    pub rows: u64,
+    pub events_per_s: Stat,
+    pub pg_cpu_ms_per_1000: Stat,
+    pub wal_bytes_per_event: Stat,
+}
+
+pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
+    let (sizes, repeat): (&[u64], usize) = if quick {
+        (&QUICK_SIZES, QUICK_REPEAT)
+    } else {
+        (&SIZES, REPEAT)
+    };
+    let started = Instant::now();
+    let loadavg_at_start = loadavg();
+    progress!(
+        "19. drain: outbox backlogs of {} rows, {repeat} repetitions each, `run --no-worker` at its defaults",
+        sizes
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let mut out = Vec::new();
+    for &rows in sizes {
+        // One topic per size: each repetition appends its rows to it.
+        let topic = format!("bench-drain-{rows}-{}", Uuid::new_v4().simple());
+        create_topic(svc, &topic, PARTITIONS).await?;
+        let template = template(svc, rows, &topic).await?;
+        let (mut rate, mut cpu, mut wal) = (Vec::new(), Vec::new(), Vec::new());
+        for k in 0..repeat {
+            let run = drain_once(svc, &template, &topic, rows).await?;
+            progress!(
+                "drain {rows} #{k}: {:.0} events/s, PostgreSQL {:.1} ms CPU and {:.0} bytes of WAL per 1,000 events",
+                run.events_per_s,
+                run.pg_cpu_ms_per_1000,
+                run.wal_bytes_per_event * 1000.0
+            );
+            rate.push(run.events_per_s);
+            cpu.push(run.pg_cpu_ms_per_1000);
+            wal.push(run.wal_bytes_per_event);
+        }
+        svc.drop_db(&template).await?;
+        out.push(DrainSize {
+            rows,
+            events_per_s: Stat::of(&rate),
+            pg_cpu_ms_per_1000: Stat::of(&cpu),
+            wal_bytes_per_event: Stat::of(&wal),
+        });
+    }
+    Ok(DrainFigure {
+        sizes: out,
+        loadavg_at_start,
+        duration_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// A migrated database holding `rows` unpublished outbox rows of `topic`
+/// (laid out in 3 partitions), vacuumed.
+async fn template(svc: &Services, rows: u64, topic: &str) -> Result<String> {
+    let db = fresh_db(svc, &format!("drain_tpl_{rows}")).await?;
+    let mut conn = AsyncPgConnection::establish(&svc.url_of(&db)).await?;
+    let started = Instant::now();
+    diesel::sql_query(
+        "INSERT INTO booking_expiration_topic_layout (topic, partitions, read_at) \
+         VALUES ($2, $1, now())",
+    )
+    .bind::<Integer, _>(PARTITIONS)
+    .bind::<Text, _>(topic)
+    .execute(&mut conn)
+    .await?;
+    // The headers of a real event (its size matters for the WAL).
+    let headers = r#"{"ce_id":"0b9f6a1e-8d2c-4f3a-9e1b-7c5d4a3b2e10","ce_source":"/pin/crm/booking-expiration","ce_specversion":"1.0","ce_time":"2026-12-06T00:00:00.000000Z","ce_type":"pin.crm.booking-expired.v1","content-type":"application/protobuf","correlation_id":"5d7e9f0a-1b2c-4d3e-8f4a-6b7c8d9e0f1a","tenant_id":"00000000-0000-4000-8000-000000000042","traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}"#;
+    let mut written = 0;
+    while written < rows {
+        let n = CHUNK.min(rows - written);
+        let keys: Vec<String> = (0..n).map(|_| Uuid::new_v4().to_string()).collect();
+        let hashes: Vec<i32> = keys.iter().map(|k| key_hash(k)).collect();
+        let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![(i % 251) as u8; 180]).collect();
+        diesel::sql_query(
+            "INSERT INTO booking_expiration_outbox \
+               (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+                headers, correlation_id, tenant_id, created_at) \
+             SELECT gen_random_uuid(), $6, k, h, $4, h % $4, p, $5::json, gen_random_uuid(), \
+                    gen_random_uuid(), now() \
+               FROM unnest($1::text[], $2::int[], $3::bytea[]) AS u(k, h, p)",
+        )
+        .bind::<Array<Text>, _>(&keys)
+        .bind::<Array<Integer>, _>(&hashes)
+        .bind::<Array<Binary>, _>(&payloads)
+        .bind::<Integer, _>(PARTITIONS)
+        .bind::<Text, _>(headers)
+        .bind::<Text, _>(topic)
+        .execute(&mut conn)
+        .await?;
+        written += n;
+    }
+    conn.batch_execute("VACUUM ANALYZE booking_expiration_outbox")
+        .await?;
+    progress!(
+        "drain: template of {rows} rows written in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(db)
+}
+
+struct Drained {
+    events_per_s: f64,
+    pg_cpu_ms_per_1000: f64,
+    wal_bytes_per_event: f64,
+}
+
+#[derive(QueryableByName)]
+struct Wal {
+    #[diesel(sql_type = Double)]
+    wal: f64,
+}
+
+#[derive(QueryableByName)]
+struct Span {
+    #[diesel(sql_type = Double)]
+    seconds: f64,
+}
+
+async fn wal_now(conn: &mut AsyncPgConnection) -> Result<f64> {
+    Ok(diesel::sql_query(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8 AS wal",
+    )
+    .get_result::<Wal>(conn)
+    .await?
+    .wal)
+}
+
+/// The messages on `topic`, all partitions.
+async fn on_topic(client: &rskafka::client::Client, topic: &str) -> Result<u64> {
+    let mut total = 0;
+    for p in 0..PARTITIONS {
+        let pc = client
+            .partition_client(
+                topic,
+                p,
+                rskafka::client::partition::UnknownTopicHandling::Retry,
+            )
+            .await?;
+        total += pc
+            .get_offset(rskafka::client::partition::OffsetAt::Latest)
+            .await?;
+    }
+    Ok(total as u64)
+}
+
+/// Drains a copy of `template` into `topic` with `run --no-worker`.
+async fn drain_once(svc: &Services, template: &str, topic: &str, rows: u64) -> Result<Drained> {
+    let db = svc.copy(template).await?;
+    let url = svc.url_of(&db);
+    let client = kafka_client(svc).await?;
+    let before = on_topic(&client, topic).await?;
+    let mut admin = AsyncPgConnection::establish(&url).await?;
+    let postmaster = svc.postmaster_pid()?;
+    let (cpu0, wal0) = (tree_cpu_ms(postmaster), wal_now(&mut admin).await?);
+    let log = svc.work.join(format!("{db}-drain.log"));
+    let file = std::fs::File::create(&log)?;
+    let mut child = tokio::process::Command::new(BINARY)
+        .env_clear()
+        .args(["run", "--no-worker"])
+        .env("DATABASE_URL", &url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", &svc.kafka_bootstrap)
+        .env("KAFKA_TOPIC", topic)
+        .env("METRICS_ADDR", "127.0.0.1:0")
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .context("start the booking-expiration binary")?;
+    // Done when the topic holds every row (no query of the outbox meanwhile).
+    let give_up = Instant::now() + Duration::from_secs(60 + rows / 1_000);
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Some(status) = child.try_wait()? {
+            bail!(
+                "the publisher exited early ({status}); log: {}",
+                log.display()
+            );
+        }
+        let total = on_topic(&client, topic).await? - before;
+        if total >= rows {
+            break;
+        }
+        if Instant::now() > give_up {
+            bail!(
+                "drain of {rows}: {total} on the topic when the bound passed; log: {}",
+                log.display()
+            );
+        }
+    }
+    // The last marks: the round after the last acknowledgement.
+    let marked = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left: i64 = diesel::sql_query(
+            "SELECT count(*)::float8 AS seconds FROM booking_expiration_outbox WHERE published_at IS NULL",
+        )
+        .get_result::<Span>(&mut admin)
+        .await?
+        .seconds as i64;
+        if left == 0 {
+            break;
+        }
+        if Instant::now() > marked {
+            bail!("drain of {rows}: {left} rows not marked published");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (cpu1, wal1) = (tree_cpu_ms(postmaster), wal_now(&mut admin).await?);
+    let span = diesel::sql_query(
+        "SELECT extract(epoch FROM max(published_at) - min(published_at))::float8 AS seconds \
+           FROM booking_expiration_outbox",
+    )
+    .get_result::<Span>(&mut admin)
+    .await?
+    .seconds;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    drop(admin);
+    svc.drop_db(&db).await?;
+    let events = rows as f64;
+    Ok(Drained {
+        events_per_s: events / span.max(0.001),
+        pg_cpu_ms_per_1000: (cpu1 - cpu0) * 1000.0 / events,
+        wal_bytes_per_event: (wal1 - wal0) / events,
+    })
+}
