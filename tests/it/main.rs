@@ -33,3 +33,4 @@ mod seccomp;
 mod security;
 mod shards;
 mod traces;
+mod waker;
