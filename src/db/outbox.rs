@@ -29,7 +29,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::DbError;
-use crate::events::{Headers, OutboxMessage};
+use crate::events::{Headers, OutboxMessage, key_hash};
 
 // ---------------------------------------------------------------------------
 // The writer
@@ -108,7 +108,7 @@ impl<'a> MessageColumns<'a> {
     pub fn push(&mut self, message: &'a OutboxMessage) {
         self.event_ids.push(message.event_id);
         self.keys.push(message.key.as_str());
-        self.key_hashes.push(key_hash(&message.key));
+        self.key_hashes.push(message.key_hash);
         self.payloads.push(message.payload.as_slice());
         self.headers.push(message.headers.to_json());
         self.tenant_ids.push(message.tenant_id);
@@ -143,14 +143,6 @@ macro_rules! bind_message_columns {
 }
 pub(crate) use bind_message_columns;
 
-/// The key's partition hash: the Java client's `murmur2(key) & 0x7fffffff`,
-/// so `key_hash % partitions` is the record's partition. Stored with the
-/// row, so a claim can leave out the rows of partitions that cannot take
-/// more (see [`Claim::partitions`]).
-pub fn key_hash(key: &str) -> i32 {
-    booking_expired_proto::murmur2(key.as_bytes()) & 0x7fff_ffff
-}
-
 // ---------------------------------------------------------------------------
 // The reader
 
@@ -168,6 +160,14 @@ pub struct ClaimedRow {
     pub created_at: DateTime<Utc>,
     /// The stored [`key_hash`]; `None` on rows written before it was.
     pub key_hash: Option<i32>,
+}
+
+impl ClaimedRow {
+    /// The key's partition hash: the stored one, or (a row written before
+    /// it was stored) hashed here.
+    pub fn partition_hash(&self) -> i32 {
+        self.key_hash.unwrap_or_else(|| key_hash(&self.message_key))
+    }
 }
 
 impl ClaimedRow {
@@ -644,19 +644,26 @@ pub async fn stats(conn: &mut AsyncPgConnection) -> Result<OutboxStats, DbError>
 mod tests {
     use super::*;
 
+    /// A row written before the hash was stored routes as the key says.
     #[test]
-    fn key_hash_is_the_java_partitioners_positive_murmur2() {
-        for key in ["21", "foobar", "00000000-0000-0000-0000-000000000001", ""] {
-            let hash = key_hash(key);
-            assert!(hash >= 0);
-            for partitions in [1, 3, 7, 12] {
-                assert_eq!(
-                    hash % partitions,
-                    booking_expired_proto::partition_for_key(key.as_bytes(), partitions),
-                    "{key} over {partitions}"
-                );
-            }
-        }
+    fn a_row_without_a_stored_hash_is_hashed_from_its_key() {
+        let mut row = ClaimedRow {
+            id: 1,
+            event_id: Uuid::nil(),
+            topic: "t".to_owned(),
+            message_key: "00000000-0000-0000-0000-000000000001".to_owned(),
+            payload: Vec::new(),
+            headers: Ok(Headers::default()),
+            created_at: DateTime::UNIX_EPOCH,
+            key_hash: None,
+        };
+        assert_eq!(row.partition_hash(), key_hash(&row.message_key));
+        row.key_hash = Some(7);
+        assert_eq!(
+            row.partition_hash(),
+            7,
+            "the stored hash is not computed again"
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::{
     db::{
         DbError, PgPool,
         bookings::{self, ExpiryWrite, Position},
-        outbox::{self, ClaimedRow, Handoff},
+        outbox::{ClaimedRow, Handoff},
     },
     domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
     events::{self, OutboxMessage},
@@ -519,7 +519,7 @@ impl ExpiryWorker {
             id,
             event_id: message.event_id,
             topic: self.events.topic.clone(),
-            key_hash: Some(outbox::key_hash(&message.key)),
+            key_hash: Some(message.key_hash),
             message_key: message.key,
             payload: message.payload,
             headers: Ok(message.headers),

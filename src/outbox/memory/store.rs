@@ -14,9 +14,9 @@ use uuid::Uuid;
 use crate::{
     db::{
         DbError,
-        outbox::{ClaimedRow, LeaseOwner, key_hash},
+        outbox::{ClaimedRow, LeaseOwner},
     },
-    events::Headers,
+    events::{Headers, key_hash},
     outbox::store::{Round, RoundResult, Store},
 };
 

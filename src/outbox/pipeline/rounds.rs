@@ -35,7 +35,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
     /// (a partition that cannot be written holds its share and no more).
     pub(super) fn handed(&mut self, handed: HandedRows) {
         for row in handed.rows {
-            if self.queues.has_room(&row.topic, &row.message_key) {
+            if self.queues.has_room(&row.topic, row.partition_hash()) {
                 self.claimed(row, handed.leased_at);
             } else {
                 self.parts.metrics.outbox_handoff_released.inc();
@@ -158,9 +158,11 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 .push((row.id, format!("{CORRUPT_ROW}: {defect}")));
             return;
         }
+        let key_hash = row.partition_hash();
         let Ok(headers) = row.headers else { return };
         let held = Held {
             id: row.id,
+            key_hash,
             record: OutgoingRecord {
                 key: row.message_key,
                 value: row.payload,
