@@ -27,10 +27,10 @@ use crate::{
     db::{
         DbError, PgPool,
         bookings::{self, ExpiryWrite, Position},
-        outbox::{ClaimedRow, Handoff},
     },
     domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
-    events::{self, OutboxMessage},
+    events,
+    handoff::{Handoff, LeasedRow},
     telemetry::{Metrics, trace},
 };
 
@@ -99,7 +99,7 @@ struct BatchResult {
     skipped_locked: u64,
     /// The outbox rows written leased to this process's publisher, and
     /// since when (see [`Handoff`]).
-    handed: Vec<ClaimedRow>,
+    handed: Vec<LeasedRow>,
     leased_at: Option<tokio::time::Instant>,
 }
 
@@ -487,8 +487,9 @@ impl ExpiryWorker {
                 match updated.get(&id) {
                     Some(&outbox_id) => {
                         if lease.is_some() {
-                            result.handed.push(self.handed_row(
+                            result.handed.push(LeasedRow::written(
                                 outbox_id,
+                                self.events.topic.clone(),
                                 written_at,
                                 write.message,
                             ));
@@ -511,20 +512,6 @@ impl ExpiryWorker {
         })
         .instrument(span)
         .await
-    }
-
-    /// The outbox row `message` became, as the publisher sends it.
-    fn handed_row(&self, id: i64, written_at: DateTime<Utc>, message: OutboxMessage) -> ClaimedRow {
-        ClaimedRow {
-            id,
-            event_id: message.event_id,
-            topic: self.events.topic.clone(),
-            key_hash: Some(message.key_hash),
-            message_key: message.key,
-            payload: message.payload,
-            headers: Ok(message.headers),
-            created_at: written_at,
-        }
     }
 
     /// Logs, counts and dispatches a committed batch, and hands its outbox

@@ -55,6 +55,7 @@ use booking_expiration::{
         outbox::{self, Claim},
     },
     domain::RunId,
+    handoff::LeaseOwner,
     outbox::ScriptedTransport,
 };
 use diesel::{
@@ -455,7 +456,7 @@ async fn run_side(svc: &Services, set: &DueSet<'_>, side: &SideSpec) -> Result<R
             p.publish_until_idle().await.published
         }
         Publish::Split => {
-            let owner = outbox::LeaseOwner::new();
+            let owner = LeaseOwner::new();
             let ids = lease_all(&pool, owner).await?;
             lease_reading = Some(usage(svc, &mut admin).await?);
             mark_all(&pool, &ids, owner).await?;
@@ -604,7 +605,7 @@ async fn publish_before(pool: &PgPool) -> Result<u64> {
 
 /// Every row leased, a claim of a batch per transaction (the pipeline's
 /// claim, `db::outbox::claim`, with its default lease).
-async fn lease_all(pool: &PgPool, owner: outbox::LeaseOwner) -> Result<Vec<i64>> {
+async fn lease_all(pool: &PgPool, owner: LeaseOwner) -> Result<Vec<i64>> {
     let lease = booking_expiration::outbox::Timing::default().lease;
     let mut conn = pool.get().await?;
     let mut ids = Vec::new();
@@ -625,7 +626,7 @@ async fn lease_all(pool: &PgPool, owner: outbox::LeaseOwner) -> Result<Vec<i64>>
 }
 
 /// `ids` marked published, a batch per transaction (`db::outbox::mark_published`).
-async fn mark_all(pool: &PgPool, ids: &[i64], owner: outbox::LeaseOwner) -> Result<()> {
+async fn mark_all(pool: &PgPool, ids: &[i64], owner: LeaseOwner) -> Result<()> {
     let mut conn = pool.get().await?;
     for chunk in ids.chunks(PUBLISH_BATCH as usize) {
         conn.transaction(async |c| outbox::mark_published(c, chunk, wall_now(), owner).await)

@@ -9,10 +9,8 @@ use tokio::time::Instant;
 
 use super::{CORRUPT_ROW, Run};
 use crate::{
-    db::{
-        DbError,
-        outbox::{Claim, ClaimedRow, HandedRows},
-    },
+    db::{DbError, outbox::Claim},
+    handoff::{HandedRows, LeasedRow},
     outbox::{
         partition::Held,
         store::{Round, RoundResult, Store},
@@ -151,7 +149,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
 
     /// A claimed row: to its partition's queue, or parked when it cannot
     /// become a record.
-    fn claimed(&mut self, row: ClaimedRow, leased_at: Instant) {
+    fn claimed(&mut self, row: LeasedRow, leased_at: Instant) {
         if let Some(defect) = row.defect() {
             tracing::warn!(event_id = %row.event_id, reason = %defect, "outbox row parked: it is not a record");
             self.parked
@@ -178,7 +176,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
 
 /// Whether a claim took all it asked for somewhere (more rows may wait):
 /// a partition its whole room, or the unrouted rows their limit.
-fn filled(claim: &Claim, rows: &[ClaimedRow]) -> bool {
+fn filled(claim: &Claim, rows: &[LeasedRow]) -> bool {
     let mut taken = vec![0u32; claim.partitions.len()];
     let mut unrouted = 0u32;
     for row in rows {
