@@ -15,7 +15,8 @@
 //!   expiry hands to the publisher and the claim returns, the handoff
 //!   itself, the lease's owner. Below the expiry, the publisher and the
 //!   SQL, so they meet here rather than in each other's internals.
-//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule, each
+//! - [`expiry`]: one cycle (`run_cycle`, started as a `CycleStart` says;
+//!   its loop, its batches, its outcome), the pure next-wake rule, each
 //!   phase's sweep position (poison rows passed over), the clock-skew
 //!   check, and the scheduler that repeats cycles at each tick and deadline
 //!   and probes for new deadlines while it sleeps.
@@ -61,7 +62,9 @@
 //!
 //! 1. `scheduler`
 //! 2. `cycle`
-//! 3. `skew`, `sweep`, `wake`
+//! 3. `batch`
+//! 4. `worker`
+//! 5. `outcome`, `skew`, `sweep`, `wake`
 //!
 //! ## Rooms of `db`
 //!

@@ -55,6 +55,7 @@ use booking_expiration::{
         outbox::{self, Claim},
     },
     domain::RunId,
+    expiry::CycleStart,
     handoff::LeaseOwner,
     outbox::ScriptedTransport,
 };
@@ -429,7 +430,7 @@ async fn run_side(svc: &Services, set: &DueSet<'_>, side: &SideSpec) -> Result<R
     let r0 = usage(svc, &mut admin).await?;
     let worker = expiry::worker(pool.clone(), set.as_of, EXPIRY_BATCH);
     let outcome = worker
-        .run_cycle_at(set.as_of, RunId::generate(), &CancellationToken::new())
+        .run_cycle(CycleStart::new(&CancellationToken::new()).at(set.as_of, RunId::generate()))
         .await?;
     drop(worker);
     ensure!(
@@ -536,7 +537,7 @@ async fn expire_and_hand_over(pool: &PgPool, set: &DueSet<'_>) -> Result<(u64, u
     let mut expired = 0;
     loop {
         let outcome = worker
-            .run_cycle_at(set.as_of, RunId::generate(), &CancellationToken::new())
+            .run_cycle(CycleStart::new(&CancellationToken::new()).at(set.as_of, RunId::generate()))
             .await?;
         expired += outcome.report.expired();
         if outcome.report.expired() == 0 {
