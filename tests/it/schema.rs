@@ -477,6 +477,6 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let applied = db::migrate::run_migrations(&db.settings)
         .await
         .expect("the migration applies again");
-    assert_eq!(applied.len(), 5, "{applied:?}");
+    assert_eq!(applied.len(), 6, "{applied:?}");
     assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
 }
