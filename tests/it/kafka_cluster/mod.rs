@@ -134,11 +134,13 @@ use testkit::kafka::{Cluster, ClusterProfile, Observed, PlainProducer};
 use crate::support::*;
 
 // The shared harness: the traffic and its invariant, the figures and
-// goals, the probes; then one file per scenario, named as in
+// goals, the probes, and what the two scenarios of one partition share;
+// then one file per scenario, named as in
 // KAFKA_CLUSTER_SCENARIOS, each a function that runs one flow on the
 // cluster it is given and adds its steps to the report.
 mod figures;
 mod flow;
+mod one_partition;
 mod probes;
 
 mod down;

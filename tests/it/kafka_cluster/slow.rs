@@ -13,15 +13,7 @@ use super::*;
 /// twice. How partition 0 resumed is printed.
 pub(super) async fn one_partition_slow(cluster: &Cluster, files: &Path, report: &mut Report) {
     const NAME: &str = "one partition slow";
-    let flow = Flow::start(
-        cluster,
-        files,
-        &p0_alone_layout(),
-        FROZEN_FOR + Duration::from_secs(20),
-    )
-    .await;
-    let due = flow.due;
-    flow.wait_published(2_000, Duration::from_secs(60)).await;
+    let flow = one_partition::start(cluster, files, FROZEN_FOR + Duration::from_secs(20)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut faults = Faults::default();
     let from = now_ms();
@@ -44,12 +36,12 @@ pub(super) async fn one_partition_slow(cluster: &Cluster, files: &Path, report: 
     let (synced_at, end) = flow.partition_0_in_sync_again("after the thaw").await;
     let statements = activity.stop(from, 8).await;
     let errors = produce_error_codes(&flow.metrics_addr).await;
-    let fin = flow.finish().await;
-    let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
-    let published = Flow::published_of(&fin.db).await;
-    let worker_acks = &checked.appended;
-    let (w, j) = both(&fin, worker_acks, &faults, (from, end));
-    written_line(report, NAME, &fin, &published, &checked, (from, end));
+    let one_partition::Ended {
+        fin,
+        checked,
+        worker: w,
+        java: j,
+    } = one_partition::end(flow, cluster, &faults, (from, end), report, NAME).await;
     report.step(
         &format!(
             "{NAME} (node {P0_FOLLOWER} frozen {}, 2 in sync {} after the thaw)",
@@ -62,7 +54,7 @@ pub(super) async fn one_partition_slow(cluster: &Cluster, files: &Path, report: 
     );
     report.line(format!(
         "{NAME}: partition 0 as the watcher saw it: {}",
-        render_timeline(&fin.timelines, &fin.topic, 0, from, end)
+        one_partition::render_timeline(&fin.timelines, &fin.topic, 0, from, end)
     ));
     report.line(format!(
         "{NAME}: the longest statements from the thaw on: {statements}"
@@ -72,12 +64,5 @@ pub(super) async fn one_partition_slow(cluster: &Cluster, files: &Path, report: 
          {} WARN/ERROR log lines in the whole flow",
         warn_error_lines(&fin.log)
     ));
-    report.goal(
-        NAME,
-        checked.most_copies <= MOST_COPIES,
-        format!(
-            "no event written more than {MOST_COPIES} times: {}",
-            checked.summary()
-        ),
-    );
+    one_partition::copies_goal(report, NAME, &checked);
 }

@@ -17,15 +17,8 @@ use super::*;
 pub(super) async fn one_partition_unwritable(cluster: &Cluster, files: &Path, report: &mut Report) {
     const NAME: &str = "one partition unwritable";
     // Bookings keep falling due until after node 2 rejoined.
-    let flow = Flow::start(
-        cluster,
-        files,
-        &p0_alone_layout(),
-        UNWRITABLE_FOR + Duration::from_secs(40),
-    )
-    .await;
+    let flow = one_partition::start(cluster, files, UNWRITABLE_FOR + Duration::from_secs(40)).await;
     let due = flow.due;
-    flow.wait_published(2_000, Duration::from_secs(60)).await;
     let pid = flow.running.child.id();
     let quiet_from = now_ms();
     let (pg_quiet, worker_quiet) = (pg_cpu_ticks(&flow.db).await, cpu_ticks(pid));
@@ -65,12 +58,12 @@ pub(super) async fn one_partition_unwritable(cluster: &Cluster, files: &Path, re
     progress(&format!("node {P0_FOLLOWER} launched again"));
     let (synced_at, end) = flow.partition_0_in_sync_again("again").await;
     let statements = activity.stop(from, 8).await;
-    let fin = flow.finish().await;
-    let checked = check_topic(cluster, &fin.topic, 3, due, |_| vec![3]);
-    let published = Flow::published_of(&fin.db).await;
-    let worker_acks = &checked.appended;
-    let (w, j) = both(&fin, worker_acks, &faults, (from, end));
-    written_line(report, NAME, &fin, &published, &checked, (from, end));
+    let one_partition::Ended {
+        fin,
+        checked,
+        worker: w,
+        java: j,
+    } = one_partition::end(flow, cluster, &faults, (from, end), report, NAME).await;
     report.step(
         &format!(
             "{NAME} (node {P0_FOLLOWER} stopped in {}, down {}, in sync again {} after its launch)",
@@ -82,7 +75,12 @@ pub(super) async fn one_partition_unwritable(cluster: &Cluster, files: &Path, re
         &j,
         GapGoal::Partitions,
     );
-    let (qw, qj) = both(&fin, worker_acks, &Faults::default(), (quiet_from, from));
+    let (qw, qj) = both(
+        &fin,
+        &checked.appended,
+        &Faults::default(),
+        (quiet_from, from),
+    );
     report.line(format!(
         "{NAME}: in the 3 s before, without a fault: partition gaps worker {}, java {}",
         render_gaps(&qw),
@@ -90,7 +88,7 @@ pub(super) async fn one_partition_unwritable(cluster: &Cluster, files: &Path, re
     ));
     report.line(format!(
         "{NAME}: partition 0 as the watcher saw it: {}",
-        render_timeline(&fin.timelines, &fin.topic, 0, from, end)
+        one_partition::render_timeline(&fin.timelines, &fin.topic, 0, from, end)
     ));
     report.line(format!(
         "{NAME}: the longest statements from the launch on: {statements}"
@@ -109,14 +107,7 @@ pub(super) async fn one_partition_unwritable(cluster: &Cluster, files: &Path, re
          {} WARN/ERROR log lines in the whole flow",
         warn_error_lines(&fin.log)
     ));
-    report.goal(
-        NAME,
-        checked.most_copies <= MOST_COPIES,
-        format!(
-            "no event written more than {MOST_COPIES} times: {}",
-            checked.summary()
-        ),
-    );
+    one_partition::copies_goal(report, NAME, &checked);
     let warm = samples
         .iter()
         .find(|(at, _)| *at >= stopped + RSS_WARM_UP.as_millis() as i64)
