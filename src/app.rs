@@ -267,7 +267,7 @@ pub async fn run(settings: Settings, shutdown: CancellationToken) -> Result<(), 
         tracing::info!("stop requested while starting: stopped during start-up, before any work");
     }
     // The publisher is built before the expiry starts, so the expiry can
-    // write its outbox rows leased to it (`db::outbox::Handoff`).
+    // write its outbox rows leased to it (`handoff::Handoff`).
     let mut handoff = None;
     if !shutdown.is_cancelled() {
         // The outbox lag gauges on every instance, publisher or not: an

@@ -7,10 +7,16 @@
 //!
 //! - [`domain`]: pure rules — statuses, phases, `Booking::expire(as_of)`,
 //!   the `BookingExpired` event. No I/O.
-//! - [`events`]: domain event → protobuf value, Kafka key, CloudEvents headers.
+//! - [`events`]: domain event → protobuf value, Kafka key and its partition
+//!   hash, CloudEvents headers.
 //! - [`db`]: the pool, embedded migrations, the bookings and outbox
 //!   repositories. All SQL lives here.
-//! - [`expiry`]: one cycle (`run_cycle`), the pure next-wake rule, each
+//! - [`handoff`]: a row written and leased to this instance: the row the
+//!   expiry hands to the publisher and the claim returns, the handoff
+//!   itself, the lease's owner. Below the expiry, the publisher and the
+//!   SQL, so they meet here rather than in each other's internals.
+//! - [`expiry`]: one cycle (`run_cycle`, started as a `CycleStart` says;
+//!   its loop, its batches, its outcome), the pure next-wake rule, each
 //!   phase's sweep position (poison rows passed over), the clock-skew
 //!   check, and the scheduler that repeats cycles at each tick and deadline
 //!   and probes for new deadlines while it sleeps.
@@ -41,10 +47,11 @@
 //! 2. [`expiry`], [`outbox`]
 //! 3. [`context`]
 //! 4. [`db`], [`telemetry`]
-//! 5. [`events`]
-//! 6. [`domain`]
-//! 7. [`config`], [`clock`], [`tls`]
-//! 8. [`libpq`]
+//! 5. [`handoff`]
+//! 6. [`events`]
+//! 7. [`domain`]
+//! 8. [`config`], [`clock`], [`tls`]
+//! 9. [`libpq`]
 //!
 //! ## Rooms of `expiry`
 //!
@@ -55,7 +62,9 @@
 //!
 //! 1. `scheduler`
 //! 2. `cycle`
-//! 3. `skew`, `sweep`, `wake`, `waker`
+//! 3. `batch`
+//! 4. `worker`
+//! 5. `outcome`, `skew`, `sweep`, `wake`, `waker`
 //!
 //! ## Rooms of `db`
 //!
@@ -110,6 +119,7 @@ pub mod db;
 pub mod domain;
 pub mod events;
 pub mod expiry;
+pub mod handoff;
 pub mod libpq;
 pub mod outbox;
 pub mod telemetry;

@@ -28,6 +28,7 @@ use crate::{
         TenantId, UnknownStatus,
     },
     events::OutboxMessage,
+    handoff::LeaseOwner,
 };
 
 /// One `bookings` row as stored.
@@ -375,7 +376,7 @@ pub struct ExpiryWrite {
 /// `t(…)`, `$8`-`$13` the messages' arrays ([`MessageColumns`]); then
 /// `$14` as_of, `$15` actor, `$16` run id, `$17` topic, `$18` written_at,
 /// `$19` ce_source, `$20` the outbox rows' lease in milliseconds (NULL: none;
-/// see [`outbox::Handoff`]) and `$21` its owner. Returns each expired
+/// see [`crate::handoff::Handoff`]) and `$21` its owner. Returns each expired
 /// booking's id with its outbox row's id.
 static PERSIST_SQL: LazyLock<String> = LazyLock::new(|| {
     let queue = outbox::insert_sql(OutboxValues {
@@ -430,7 +431,7 @@ struct UpdatedId {
 /// the transaction that locked the rows. `written_at` (the clock now, close
 /// to the commit) becomes the outbox rows' `created_at`, the start of the
 /// outbox lag; `lease`, when set, the lease the outbox rows are written
-/// with ([`outbox::Handoff`]). Returns the bookings expired, each with its
+/// with ([`crate::handoff::Handoff`]). Returns the bookings expired, each with its
 /// outbox row's id.
 pub async fn persist_expiries(
     conn: &mut AsyncPgConnection,
@@ -439,7 +440,7 @@ pub async fn persist_expiries(
     run_id: RunId,
     events: &EventSettings,
     writes: &[ExpiryWrite],
-    lease: Option<(std::time::Duration, outbox::LeaseOwner)>,
+    lease: Option<(std::time::Duration, LeaseOwner)>,
 ) -> Result<Vec<(Uuid, i64)>, DbError> {
     if writes.is_empty() {
         return Ok(Vec::new());

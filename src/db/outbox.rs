@@ -29,7 +29,10 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::DbError;
-use crate::events::{Headers, OutboxMessage};
+use crate::{
+    events::{Headers, OutboxMessage},
+    handoff::{LeaseOwner, LeasedRow},
+};
 
 // ---------------------------------------------------------------------------
 // The writer
@@ -77,7 +80,7 @@ pub(crate) struct OutboxValues<'a> {
     pub created_at: &'a str,
     pub replay_id: &'a str,
     /// The lease the row is born with (`NULL`: none, any publisher may
-    /// claim it), see [`Handoff`].
+    /// claim it), see [`crate::handoff::Handoff`].
     pub claimed_until: &'a str,
     /// The lease's owner (`NULL` with no lease), see [`LeaseOwner`].
     pub claimed_by: &'a str,
@@ -116,7 +119,7 @@ impl<'a> MessageColumns<'a> {
     pub fn push(&mut self, message: &'a OutboxMessage) {
         self.event_ids.push(message.event_id);
         self.keys.push(message.key.as_str());
-        self.key_hashes.push(key_hash(&message.key));
+        self.key_hashes.push(message.key_hash);
         self.payloads.push(message.payload.as_slice());
         self.headers.push(message.headers.to_json());
         self.tenant_ids.push(message.tenant_id);
@@ -151,97 +154,10 @@ macro_rules! bind_message_columns {
 }
 pub(crate) use bind_message_columns;
 
-/// The key's partition hash: the Java client's `murmur2(key) & 0x7fffffff`,
-/// so `key_hash % partitions` is the record's partition. Stored with the
-/// row, so a claim can leave out the rows of partitions that cannot take
-/// more (see [`Claim::partitions`]).
-pub fn key_hash(key: &str) -> i32 {
-    booking_expired_proto::murmur2(key.as_bytes()) & 0x7fff_ffff
-}
-
 // ---------------------------------------------------------------------------
 // The reader
 
-/// An outbox row as the claim returns it.
-#[derive(Debug, Clone)]
-pub struct ClaimedRow {
-    pub id: i64,
-    pub event_id: Uuid,
-    pub topic: String,
-    pub message_key: String,
-    pub payload: Vec<u8>,
-    /// The stored headers, or why they are not a headers object (a row no
-    /// worker wrote: it is parked, not sent without its `ce_*` headers).
-    pub headers: Result<Headers, String>,
-    pub created_at: DateTime<Utc>,
-    /// The stored [`key_hash`]; `None` on rows written before it was.
-    pub key_hash: Option<i32>,
-}
-
-impl ClaimedRow {
-    /// Why this row cannot be sent as a Kafka record, if it cannot.
-    pub fn defect(&self) -> Option<String> {
-        if self.topic.is_empty() {
-            return Some("the row has an empty topic".to_owned());
-        }
-        self.headers.as_ref().err().cloned()
-    }
-}
-
-/// Rows written leased to this process's publisher, handed to it once
-/// their transaction committed: the expiry of `run` writes each outbox row
-/// with a lease (`claimed_until`) already set, so no claim (a second row
-/// version) is needed to reserve it, and no other instance takes it. Rows
-/// the publisher has no room for are released (their lease cleared) for
-/// any instance's claim; rows that never reach it (the process killed
-/// between the commit and the handoff, the channel full) wait for their
-/// lease to end, then any instance claims them: at-least-once either way.
-#[derive(Debug, Clone)]
-pub struct Handoff {
-    pub sender: tokio::sync::mpsc::Sender<HandedRows>,
-    /// The lease the rows are written with, and its owner (the publisher
-    /// the rows are handed to).
-    pub lease: std::time::Duration,
-    pub owner: LeaseOwner,
-}
-
-/// The token of one publisher instance, written with every lease it holds
-/// (`claimed_by`). Renewing, releasing, marking and parking touch only the
-/// rows whose lease it holds, so an instance that was paused past its
-/// lease and comes back never changes rows another instance claimed since.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LeaseOwner(pub Uuid);
-
-impl LeaseOwner {
-    /// A new, random token.
-    pub fn new() -> Self {
-        Self(Uuid::new_v4())
-    }
-}
-
-impl Default for LeaseOwner {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// One committed batch's outbox rows, leased to the publisher since
-/// `leased_at` (taken before the writing statement started, so the lease
-/// the database set ends later than the publisher counts).
-#[derive(Debug)]
-pub struct HandedRows {
-    pub rows: Vec<ClaimedRow>,
-    pub leased_at: tokio::time::Instant,
-}
-
-impl Handoff {
-    /// Hands `rows` to the publisher; false when it cannot take them now
-    /// (the channel is full or closed): they wait for their lease to end.
-    pub fn hand(&self, rows: Vec<ClaimedRow>, leased_at: tokio::time::Instant) -> bool {
-        rows.is_empty() || self.sender.try_send(HandedRows { rows, leased_at }).is_ok()
-    }
-}
-
+/// An outbox row as the claim's `RETURNING` lists it.
 #[derive(QueryableByName)]
 struct StoredRow {
     #[diesel(sql_type = BigInt)]
@@ -263,7 +179,7 @@ struct StoredRow {
     key_hash: Option<i32>,
 }
 
-impl From<StoredRow> for ClaimedRow {
+impl From<StoredRow> for LeasedRow {
     fn from(row: StoredRow) -> Self {
         Self {
             id: row.id,
@@ -452,11 +368,11 @@ pub async fn claim(
     conn: &mut AsyncPgConnection,
     claim: &Claim,
     owner: LeaseOwner,
-) -> Result<Vec<ClaimedRow>, DbError> {
+) -> Result<Vec<LeasedRow>, DbError> {
     let mut rows: Vec<StoredRow> = claim_query("", claim, owner).load(conn).await?;
     // RETURNING keeps no order.
     rows.sort_unstable_by_key(|row| row.id);
-    Ok(rows.into_iter().map(ClaimedRow::from).collect())
+    Ok(rows.into_iter().map(LeasedRow::from).collect())
 }
 
 /// The plan of `claim`'s statement, one line per row: `EXPLAIN` with
@@ -728,21 +644,6 @@ pub async fn stats(conn: &mut AsyncPgConnection) -> Result<OutboxStats, DbError>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn key_hash_is_the_java_partitioners_positive_murmur2() {
-        for key in ["21", "foobar", "00000000-0000-0000-0000-000000000001", ""] {
-            let hash = key_hash(key);
-            assert!(hash >= 0);
-            for partitions in [1, 3, 7, 12] {
-                assert_eq!(
-                    hash % partitions,
-                    booking_expired_proto::partition_for_key(key.as_bytes(), partitions),
-                    "{key} over {partitions}"
-                );
-            }
-        }
-    }
 
     #[test]
     fn the_insert_lists_each_column_once_with_a_value() {

@@ -24,6 +24,10 @@ pub struct OutboxMessage {
     pub tenant_id: Uuid,
     /// The booking id, canonical lowercase hyphenated.
     pub key: String,
+    /// The key's partition hash ([`key_hash`]), computed once here: the
+    /// outbox column, the rows handed to the publisher and the routing to
+    /// a partition all take it from the message.
+    pub key_hash: i32,
     /// Encoded `BookingExpiredEvent`.
     pub payload: Vec<u8>,
     /// The record headers (CloudEvents, correlation, tenant, trace).
@@ -42,6 +46,16 @@ pub struct TraceHeaders {
 /// reproduce: it carries the replay's own).
 pub fn is_trace_header(name: &str) -> bool {
     name == headers::TRACEPARENT || name == headers::TRACESTATE
+}
+
+/// The key's partition hash: the Java client's `murmur2(key) & 0x7fffffff`,
+/// so `key_hash % partitions` is the record's partition
+/// (`booking_expired_proto::partition_for_key`). Stored with the outbox
+/// row, so a claim can leave out the rows of partitions that cannot take
+/// more, and carried with the row, so the publisher routes it without
+/// hashing the key again.
+pub fn key_hash(key: &str) -> i32 {
+    contract::murmur2(key.as_bytes()) & 0x7fff_ffff
 }
 
 /// The stable id of the event for one transition.
@@ -115,10 +129,12 @@ pub fn outbox_message(
     if let Some(tracestate) = &trace.tracestate {
         headers.insert(headers::TRACESTATE, tracestate.clone());
     }
+    let key = event.booking_id.to_string();
     OutboxMessage {
         event_id,
         tenant_id: event.tenant_id.as_uuid(),
-        key: event.booking_id.to_string(),
+        key_hash: key_hash(&key),
+        key,
         payload,
         headers,
     }
@@ -184,6 +200,28 @@ mod tests {
         );
         assert_eq!(message.key, "00000000-0000-0000-0000-000000000001");
         assert_eq!(Status::BookingExpired, e.to_status);
+    }
+
+    #[test]
+    fn key_hash_is_the_java_partitioners_positive_murmur2() {
+        for key in ["21", "foobar", "00000000-0000-0000-0000-000000000001", ""] {
+            let hash = key_hash(key);
+            assert!(hash >= 0);
+            for partitions in [1, 3, 7, 12] {
+                assert_eq!(
+                    hash % partitions,
+                    booking_expired_proto::partition_for_key(key.as_bytes(), partitions),
+                    "{key} over {partitions}"
+                );
+            }
+        }
+        let message = outbox_message(
+            &event(1, Phase::Booking, 0, 0, 1),
+            RunId::generate(),
+            CE_SOURCE,
+            &TraceHeaders::default(),
+        );
+        assert_eq!(message.key_hash, key_hash(&message.key));
     }
 
     #[test]

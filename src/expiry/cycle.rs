@@ -1,106 +1,67 @@
-//! One expiry cycle: lock, transition, audit, outbox, commit, batch after
-//! batch, for both phases, each batch after the last row of the one before
-//! ([`Sweep`]).
+//! One expiry cycle: batch after batch, for both phases taking turns, each
+//! batch after the last row of the one before ([`Sweep`]), until the due
+//! rows run out, the time budget or the batch cap is reached, or shutdown.
+//! [`ExpiryWorker::run_cycle`] is the one way to start one; [`CycleStart`]
+//! says at what `as_of` and from where.
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashSet, time::Instant};
 
 use chrono::{DateTime, SubsecRound as _, Utc};
-use diesel_async::{AsyncConnection, AsyncPgConnection};
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use uuid::Uuid;
 
 use super::{
-    skew::{self, AsOf},
+    batch::BatchAt,
+    outcome::{CycleError, CycleOutcome},
     sweep::Sweep,
-    wake::WakePolicy,
+    worker::ExpiryWorker,
 };
-use crate::{
-    clock::Clock,
-    config::{EventSettings, ExpirySettings, ShutdownSettings},
-    context::TaskContext,
-    db::{
-        DbError, PgPool,
-        bookings::{self, ExpiryWrite, Position},
-        outbox::{self, ClaimedRow, Handoff},
-    },
-    domain::{BookingExpired, DomainEventSubscriber, ExpireError, Phase, RunId},
-    events::{self, OutboxMessage},
-    telemetry::{Metrics, trace},
-};
+use crate::domain::{Phase, RunId};
 
-/// The result of a cycle, exactly the JSON line `once` prints.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct CycleReport {
-    pub reserve_expired_count: u64,
-    pub booking_expired_count: u64,
-    pub skipped_locked_count: u64,
-    pub duration_ms: u64,
+/// How a cycle starts. From a shutdown token alone
+/// (`worker.run_cycle(&shutdown)`, the `once` command): `as_of` from the
+/// clock, bounded by the database clock ([`ExpiryWorker::checked_now`]),
+/// a fresh run id, each phase swept from its oldest deadline, and a
+/// clamped `as_of` logged. [`CycleStart::at`] and [`CycleStart::resuming`]
+/// change that.
+#[derive(Debug)]
+pub struct CycleStart<'a> {
+    shutdown: &'a CancellationToken,
+    at: Option<(DateTime<Utc>, RunId)>,
+    sweep: Option<&'a mut Sweep>,
 }
 
-impl CycleReport {
-    /// Bookings the cycle expired, both phases.
-    pub fn expired(&self) -> u64 {
-        self.reserve_expired_count + self.booking_expired_count
+impl<'a> CycleStart<'a> {
+    /// A cycle that stops at `shutdown`, otherwise as the type says.
+    pub fn new(shutdown: &'a CancellationToken) -> Self {
+        Self {
+            shutdown,
+            at: None,
+            sweep: None,
+        }
+    }
+
+    /// At `as_of` with `run_id`, as given: neither read from the clock nor
+    /// bounded by the database clock (tests and benchmarks pin them).
+    pub fn at(mut self, as_of: DateTime<Utc>, run_id: RunId) -> Self {
+        self.at = Some((as_of, run_id));
+        self
+    }
+
+    /// Going on with `sweep` (the scheduler's, carried from cycle to
+    /// cycle), moved on with every batch the cycle commits (also when a
+    /// later batch fails). Saying a clamped `as_of` is left to the caller,
+    /// which says it once a minute rather than every cycle.
+    pub fn resuming(mut self, sweep: &'a mut Sweep) -> Self {
+        self.sweep = Some(sweep);
+        self
     }
 }
 
-/// The report plus what logs and tests need besides.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CycleOutcome {
-    pub run_id: RunId,
-    pub as_of: DateTime<Utc>,
-    pub report: CycleReport,
-    /// Rows the domain refused (left untouched for the next cycle).
-    pub poison_count: u64,
-    /// Rows whose version or status changed between read and write.
-    pub version_conflicts: u64,
-    pub batches: u32,
-    /// Stopped early: the time budget ran out while batches were still full.
-    pub budget_exhausted: bool,
-    /// A phase stopped at `EXPIRATION_MAX_BATCHES_PER_CYCLE` with its last
-    /// batch full: more of its rows may be due (after the sweep's position).
-    pub batch_cap_reached: bool,
-    /// How far the local clock ran ahead of the database clock when that
-    /// was more than `EXPIRATION_MAX_CLOCK_SKEW` (`as_of` was clamped).
-    pub clamped_ahead_by: Option<chrono::Duration>,
-}
-
-/// Why a cycle ended without completing. Batches committed before the
-/// error stay committed; the failed batch rolled back whole.
-#[derive(Debug, thiserror::Error)]
-pub enum CycleError {
-    #[error("database error in the {phase} phase")]
-    Database {
-        phase: Phase,
-        #[source]
-        source: DbError,
-    },
-    #[error("cannot get a database connection")]
-    Connection(#[source] DbError),
-    #[error("stopped by shutdown")]
-    Cancelled,
-}
-
-/// What one committed batch did.
-#[derive(Debug, Default)]
-struct BatchResult {
-    selected: usize,
-    /// The last row it took, where the sweep goes on from.
-    last: Option<Position>,
-    expired: Vec<BookingExpired>,
-    refused: Vec<(Uuid, ExpireError)>,
-    conflicts: Vec<Uuid>,
-    skipped_locked: u64,
-    /// The outbox rows written leased to this process's publisher, and
-    /// since when (see [`Handoff`]).
-    handed: Vec<ClaimedRow>,
-    leased_at: Option<tokio::time::Instant>,
+impl<'a> From<&'a CancellationToken> for CycleStart<'a> {
+    fn from(shutdown: &'a CancellationToken) -> Self {
+        Self::new(shutdown)
+    }
 }
 
 /// Per-phase progress within a cycle.
@@ -110,82 +71,41 @@ struct PhaseProgress {
     batches: u32,
 }
 
-/// The expiry worker: owns the pool handle, the clock, the settings.
-pub struct ExpiryWorker {
-    pool: PgPool,
-    clock: Arc<dyn Clock>,
-    settings: ExpirySettings,
-    /// The topic and `ce_source` of the events it writes to the outbox.
-    events: EventSettings,
-    /// How long a batch in flight may still take after a stop request.
-    shutdown_grace: Duration,
-    metrics: Arc<Metrics>,
-    subscribers: Vec<Arc<dyn DomainEventSubscriber>>,
-    /// This process's publisher, when it runs one.
-    handoff: Option<Handoff>,
-}
-
-impl std::fmt::Debug for ExpiryWorker {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ExpiryWorker")
-            .field("clock", &self.clock)
-            .field("settings", &self.settings)
-            .field("events", &self.events)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("subscribers", &self.subscribers.len())
-            .field("handoff", &self.handoff.is_some())
-            .finish_non_exhaustive()
-    }
-}
-
 impl ExpiryWorker {
-    /// A worker on `context`'s pool, clock and metrics.
-    pub fn new(
-        context: &TaskContext,
-        settings: ExpirySettings,
-        events: EventSettings,
-        shutdown: ShutdownSettings,
-    ) -> Self {
-        Self {
-            pool: context.pool.clone(),
-            clock: Arc::clone(&context.clock),
-            settings,
-            events,
-            shutdown_grace: shutdown.grace,
-            metrics: Arc::clone(&context.metrics),
-            subscribers: Vec::new(),
-            handoff: None,
-        }
-    }
-
-    /// Writes the outbox rows leased to this process's publisher and hands
-    /// them to it after each commit ([`Handoff`]).
-    pub fn hand_off(mut self, handoff: Handoff) -> Self {
-        self.handoff = Some(handoff);
-        self
-    }
-
-    /// Adds an in-process subscriber of committed `BookingExpired` events.
-    pub fn subscribe(mut self, subscriber: Arc<dyn DomainEventSubscriber>) -> Self {
-        self.subscribers.push(subscriber);
-        self
-    }
-
-    pub fn settings(&self) -> &ExpirySettings {
-        &self.settings
-    }
-
-    /// One cycle with `as_of` from the clock (bounded by the database
-    /// clock, see [`Self::checked_now`]) and a fresh run id, sweeping from
-    /// the oldest deadline (`once`). A clamped `as_of` is logged.
-    pub async fn run_cycle(
+    /// One cycle over both phases, started as `start` says ([`CycleStart`]).
+    pub async fn run_cycle<'a>(
         &self,
-        shutdown: &CancellationToken,
+        start: impl Into<CycleStart<'a>>,
     ) -> Result<CycleOutcome, CycleError> {
-        let outcome = self
-            .run_cycle_resuming(&mut Sweep::default(), shutdown)
+        let CycleStart {
+            shutdown,
+            at,
+            sweep,
+        } = start.into();
+        let say_clamp = sweep.is_none();
+        let mut from_oldest = Sweep::default();
+        let sweep = sweep.unwrap_or(&mut from_oldest);
+        let (as_of, run_id, clamped_ahead_by) = match at {
+            Some((as_of, run_id)) => (as_of, run_id, None),
+            None => {
+                let as_of = self.checked_now().await?;
+                (as_of.at, RunId::generate(), as_of.clamped_ahead_by)
+            }
+        };
+        // PostgreSQL keeps microseconds: the event's expired_at must equal the row's.
+        let as_of = as_of.trunc_subsecs(6);
+        let span = tracing::info_span!(
+            "expiry_cycle",
+            run_id = %run_id,
+            correlation_id = %run_id,
+            tenant_count = tracing::field::Empty,
+        );
+        let mut outcome = self
+            .cycle(as_of, run_id, sweep, shutdown)
+            .instrument(span)
             .await?;
-        if let Some(ahead) = outcome.clamped_ahead_by {
+        outcome.clamped_ahead_by = clamped_ahead_by;
+        if say_clamp && let Some(ahead) = clamped_ahead_by {
             tracing::warn!(
                 skew_ms = ahead.num_milliseconds(),
                 "local clock ahead of the database clock by more than \
@@ -195,86 +115,14 @@ impl ExpiryWorker {
         Ok(outcome)
     }
 
-    /// One cycle as [`Self::run_cycle`] that goes on with `sweep` (the
-    /// scheduler's, carried from cycle to cycle) and leaves saying a clamped
-    /// `as_of` to the caller, which says it once a minute.
+    /// The scheduler's cycle, `run_cycle(CycleStart::new(shutdown)
+    /// .resuming(sweep))`, under the name `scheduler::run` calls.
     pub async fn run_cycle_resuming(
         &self,
         sweep: &mut Sweep,
         shutdown: &CancellationToken,
     ) -> Result<CycleOutcome, CycleError> {
-        let as_of = self.checked_now().await?;
-        let mut outcome = self
-            .run_cycle_at_resuming(as_of.at, RunId::generate(), sweep, shutdown)
-            .await?;
-        outcome.clamped_ahead_by = as_of.clamped_ahead_by;
-        Ok(outcome)
-    }
-
-    /// The clock's now, never more than `max_clock_skew` ahead of the
-    /// database clock: instances with differing clocks share one reference,
-    /// so a fast clock can never expire a booking early. A slow clock only
-    /// delays expiry; both directions are exported as the skew gauge, and a
-    /// clamp as the out-of-skew gauge.
-    pub async fn checked_now(&self) -> Result<AsOf, CycleError> {
-        let local = self.clock.now();
-        let Some(max_skew) = self.settings.max_clock_skew else {
-            return Ok(AsOf {
-                at: local,
-                clamped_ahead_by: None,
-            });
-        };
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| CycleError::Connection(e.into()))?;
-        // Every unit of work is a transaction (see `db`), a read too.
-        let database = conn
-            .transaction(async |conn| bookings::database_now(conn).await)
-            .await
-            .map_err(CycleError::Connection)?;
-        let skew = local - database;
-        self.metrics
-            .clock_skew_seconds
-            .set(skew.num_milliseconds() as f64 / 1000.0);
-        let as_of = skew::bounded(local, database, max_skew);
-        self.metrics
-            .clock_skew_exceeded
-            .set(i64::from(as_of.clamped_ahead_by.is_some()));
-        Ok(as_of)
-    }
-
-    /// One cycle at a given `as_of`, sweeping from the oldest deadline.
-    pub async fn run_cycle_at(
-        &self,
-        as_of: DateTime<Utc>,
-        run_id: RunId,
-        shutdown: &CancellationToken,
-    ) -> Result<CycleOutcome, CycleError> {
-        self.run_cycle_at_resuming(as_of, run_id, &mut Sweep::default(), shutdown)
-            .await
-    }
-
-    /// One cycle at a given `as_of` that goes on with `sweep`, and moves it
-    /// on with every batch it commits (also when a later batch fails).
-    pub async fn run_cycle_at_resuming(
-        &self,
-        as_of: DateTime<Utc>,
-        run_id: RunId,
-        sweep: &mut Sweep,
-        shutdown: &CancellationToken,
-    ) -> Result<CycleOutcome, CycleError> {
-        // PostgreSQL keeps microseconds: the event's expired_at must equal the row's.
-        let as_of = as_of.trunc_subsecs(6);
-        let span = tracing::info_span!(
-            "expiry_cycle",
-            run_id = %run_id,
-            correlation_id = %run_id,
-            tenant_count = tracing::field::Empty,
-        );
-        self.cycle(as_of, run_id, sweep, shutdown)
-            .instrument(span)
+        self.run_cycle(CycleStart::new(shutdown).resuming(sweep))
             .await
     }
 
@@ -292,17 +140,7 @@ impl ExpiryWorker {
             _ = shutdown.cancelled() => return Err(CycleError::Cancelled),
             conn = self.pool.get() => conn.map_err(|e| CycleError::Connection(e.into()))?,
         };
-        let mut outcome = CycleOutcome {
-            run_id,
-            as_of,
-            report: CycleReport::default(),
-            poison_count: 0,
-            version_conflicts: 0,
-            batches: 0,
-            budget_exhausted: false,
-            batch_cap_reached: false,
-            clamped_ahead_by: None,
-        };
+        let mut outcome = CycleOutcome::started(run_id, as_of);
         let mut progress = [PhaseProgress::default(); 2];
         // The tenants of the expired bookings: their number is a field of
         // the cycle span, recorded once when the cycle ends (each booking's
@@ -328,10 +166,13 @@ impl ExpiryWorker {
                     );
                     return Ok(self.finish(outcome, started, tenants.len()));
                 }
-                let after = sweep.after(phase);
-                let mut batch = self
-                    .batch_with_grace(&mut conn, phase, as_of, run_id, after, shutdown)
-                    .await?;
+                let at = BatchAt {
+                    phase,
+                    as_of,
+                    run_id,
+                    after: sweep.after(phase),
+                };
+                let mut batch = self.batch_with_grace(&mut conn, at, shutdown).await?;
                 let full = batch.selected >= self.settings.batch_size as usize;
                 sweep.batch_done(phase, batch.last, full);
                 state.batches += 1;
@@ -374,248 +215,5 @@ impl ExpiryWorker {
             "cycle completed"
         );
         outcome
-    }
-
-    /// Runs one batch. On shutdown the batch gets `shutdown_grace` to
-    /// commit; after that it is dropped, which discards the connection
-    /// mid-transaction so the server rolls the batch back whole.
-    async fn batch_with_grace(
-        &self,
-        conn: &mut AsyncPgConnection,
-        phase: Phase,
-        as_of: DateTime<Utc>,
-        run_id: RunId,
-        after: Option<Position>,
-        shutdown: &CancellationToken,
-    ) -> Result<BatchResult, CycleError> {
-        let grace = self.shutdown_grace;
-        let deadline = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(grace).await;
-        };
-        tokio::select! {
-            biased;
-            result = self.run_batch(conn, phase, as_of, run_id, after) => {
-                result.map_err(|source| CycleError::Database { phase, source })
-            }
-            _ = deadline => {
-                tracing::warn!(%phase, "batch did not finish within the shutdown grace; rolled back");
-                Err(CycleError::Cancelled)
-            }
-        }
-    }
-
-    async fn run_batch(
-        &self,
-        conn: &mut AsyncPgConnection,
-        phase: Phase,
-        as_of: DateTime<Utc>,
-        run_id: RunId,
-        after: Option<Position>,
-    ) -> Result<BatchResult, DbError> {
-        let settings = &self.settings;
-        let span = tracing::info_span!(
-            "expiry_batch",
-            %phase,
-            run_id = %run_id,
-            correlation_id = %run_id,
-            selected = tracing::field::Empty,
-            tenant_count = tracing::field::Empty,
-        );
-        // Every outbox row of the batch names this span in `traceparent`.
-        let trace = trace::headers_of(&span);
-        conn.transaction(async |conn| {
-            let rows = bookings::lock_due(conn, phase, as_of, after, settings.batch_size).await?;
-            // An empty batch says nothing an operator needs: with several
-            // instances woken at the same deadline, most batches are empty.
-            if rows.is_empty() {
-                tracing::debug!(%phase, count = 0, "batch selected");
-            } else {
-                tracing::info!(%phase, count = rows.len(), "batch selected");
-            }
-            let current = tracing::Span::current();
-            current.record("selected", rows.len());
-            let tenants: HashSet<Uuid> = rows.iter().map(|r| r.tenant_id).collect();
-            current.record("tenant_count", tenants.len());
-            let mut result = BatchResult {
-                selected: rows.len(),
-                last: rows.last().and_then(|row| row.position(phase)),
-                ..BatchResult::default()
-            };
-            let mut writes = Vec::with_capacity(rows.len());
-            for row in &rows {
-                // The lock query selects only rows whose status is one of the
-                // phase's active statuses, written into it as literals from
-                // the domain, so every status here parses: an unknown status
-                // cannot reach this point, and there is no path for one. If
-                // the query and the domain ever disagreed, the batch would
-                // fail and roll back, not skip the row quietly.
-                let booking = row.to_domain()?;
-                match booking.expire(as_of) {
-                    Ok(expiry) => writes.push(ExpiryWrite {
-                        read_version: row.version,
-                        message: events::outbox_message(
-                            &expiry.event,
-                            run_id,
-                            &self.events.ce_source,
-                            &trace,
-                        ),
-                        expiry,
-                    }),
-                    Err(error) => result.refused.push((row.id, error)),
-                }
-            }
-            let lease = self
-                .handoff
-                .as_ref()
-                .map(|handoff| (handoff.lease, handoff.owner));
-            result.leased_at = lease.map(|_| tokio::time::Instant::now());
-            let written_at = self.clock.now();
-            let updated = bookings::persist_expiries(
-                conn,
-                as_of,
-                written_at,
-                run_id,
-                &self.events,
-                &writes,
-                lease,
-            )
-            .await?;
-            let updated: HashMap<Uuid, i64> = updated.into_iter().collect();
-            for write in writes {
-                let id = write.expiry.event.booking_id.as_uuid();
-                match updated.get(&id) {
-                    Some(&outbox_id) => {
-                        if lease.is_some() {
-                            result.handed.push(self.handed_row(
-                                outbox_id,
-                                written_at,
-                                write.message,
-                            ));
-                        }
-                        result.expired.push(write.expiry.event);
-                    }
-                    None => result.conflicts.push(id),
-                }
-            }
-            // A short batch means every due row after the sweep's position
-            // that we could lock is in it, so the due rows there still
-            // outside it are held by someone else.
-            if rows.len() < settings.batch_size as usize {
-                let seen: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-                let others =
-                    bookings::count_due_excluding(conn, phase, as_of, after, &seen).await?;
-                result.skipped_locked = u64::try_from(others).unwrap_or(0);
-            }
-            Ok(result)
-        })
-        .instrument(span)
-        .await
-    }
-
-    /// The outbox row `message` became, as the publisher sends it.
-    fn handed_row(&self, id: i64, written_at: DateTime<Utc>, message: OutboxMessage) -> ClaimedRow {
-        ClaimedRow {
-            id,
-            event_id: message.event_id,
-            topic: self.events.topic.clone(),
-            key_hash: Some(outbox::key_hash(&message.key)),
-            message_key: message.key,
-            payload: message.payload,
-            headers: Ok(message.headers),
-            created_at: written_at,
-        }
-    }
-
-    /// Logs, counts and dispatches a committed batch, and hands its outbox
-    /// rows to the publisher.
-    fn after_commit(&self, phase: Phase, batch: &mut BatchResult, outcome: &mut CycleOutcome) {
-        if let (Some(handoff), Some(leased_at)) = (&self.handoff, batch.leased_at) {
-            let rows = std::mem::take(&mut batch.handed);
-            let count = rows.len() as u64;
-            if !handoff.hand(rows, leased_at) {
-                // They wait for their lease to end, then any instance
-                // claims them.
-                self.metrics.outbox_handoff_missed.inc_by(count);
-            }
-        }
-        for (booking_id, error) in &batch.refused {
-            tracing::error!(%booking_id, %phase, %error, "item failed: booking refused by the domain, left for the next cycle");
-        }
-        for booking_id in &batch.conflicts {
-            tracing::warn!(%booking_id, %phase, "booking changed since it was read; left as it is");
-        }
-        let refused = batch.refused.len() as u64;
-        outcome.poison_count += refused;
-        outcome.version_conflicts += batch.conflicts.len() as u64;
-        outcome.report.skipped_locked_count += batch.skipped_locked;
-        let expired = batch.expired.len() as u64;
-        match phase {
-            Phase::Reserve => outcome.report.reserve_expired_count += expired,
-            Phase::Booking => outcome.report.booking_expired_count += expired,
-        }
-        self.metrics.errors.inc_by(refused);
-        self.metrics.skip_locked.inc_by(batch.skipped_locked);
-        self.metrics
-            .items
-            .get_or_create(&phase.into())
-            .inc_by(expired);
-        let lateness = self.metrics.lateness_seconds.get_or_create(&phase.into());
-        for event in &batch.expired {
-            let late = (event.expired_at - event.deadline).num_microseconds();
-            lateness.observe(late.unwrap_or(i64::MAX) as f64 / 1e6);
-        }
-        for event in &batch.expired {
-            tracing::info!(
-                booking_id = %event.booking_id,
-                deal_id = %event.deal_id,
-                phase = %event.phase,
-                tenant_id = %event.tenant_id,
-                "booking expired"
-            );
-        }
-        if !batch.expired.is_empty() {
-            for subscriber in &self.subscribers {
-                subscriber.on_booking_expired(&batch.expired);
-            }
-        }
-    }
-
-    /// Due bookings not yet expired at `now` (the backlog gauge).
-    pub async fn measure_backlog(&self) -> Result<i64, DbError> {
-        let now = self.clock.now();
-        let mut conn = self.pool.get().await?;
-        let total = conn
-            .transaction(async |conn| {
-                let mut total = 0;
-                for phase in Phase::ALL {
-                    total += bookings::count_due(conn, phase, now).await?;
-                }
-                Ok::<_, DbError>(total)
-            })
-            .await?;
-        self.metrics.backlog.set(total);
-        Ok(total)
-    }
-
-    /// The schedule's settings.
-    pub fn wake_policy(&self) -> WakePolicy {
-        WakePolicy {
-            interval: self.settings.interval,
-            deadline_wake: self.settings.deadline_wake,
-            min_gap: self.settings.min_gap,
-            probe_interval: super::wake::PROBE_INTERVAL,
-        }
-    }
-
-    /// The earliest deadline among active bookings that was not yet due at
-    /// `as_of` (one cheap probe on each partial index).
-    pub async fn next_deadline(
-        &self,
-        as_of: DateTime<Utc>,
-    ) -> Result<Option<DateTime<Utc>>, DbError> {
-        let mut conn = self.pool.get().await?;
-        conn.transaction(async |conn| bookings::next_deadline(conn, as_of).await)
-            .await
     }
 }

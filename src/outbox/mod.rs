@@ -12,8 +12,9 @@
 //!   the [`Store`] seam; the SQL is `db::outbox`.
 //! - [`transport`]: the seam to the broker ([`Transport`], classified
 //!   [`SendError`]s, no Kafka type); [`kafka`] is the real transport (its
-//!   broker connections, metadata, Kafka's error table, TLS), [`memory`]
-//!   scripted stand-ins for tests.
+//!   broker connections, metadata, Kafka's error table, TLS), `memory`
+//!   scripted stand-ins for tests (only in test builds and with the
+//!   `testkit` feature).
 //! - [`timing`]: every duration the publisher waits on, with its reason.
 //! - `report`: failures that last, logged once a minute.
 //! - [`maintenance`]: lag gauges and retention; `listener`: LISTEN for
@@ -24,6 +25,9 @@ mod backoff;
 pub mod kafka;
 mod listener;
 pub(crate) mod maintenance;
+// Test doubles: the crate's own tests, and tests/it and benches through
+// the `testkit` feature (Cargo.toml); not in the binary.
+#[cfg(any(test, feature = "testkit"))]
 pub mod memory;
 mod partition;
 mod pipeline;
@@ -41,6 +45,7 @@ pub use backoff::Backoff;
 pub use kafka::{KafkaError, KafkaTransport};
 pub use listener::{ListenError, listen_for_commits};
 pub use maintenance::{LagStats, RetentionSweep};
+#[cfg(any(test, feature = "testkit"))]
 pub use memory::{MemoryStore, ScriptedTransport};
 pub use pipeline::{CORRUPT_ROW, Published};
 pub use publisher::Publisher;

@@ -20,6 +20,9 @@ use super::{
 pub(crate) struct Held {
     pub id: i64,
     pub record: OutgoingRecord,
+    /// The key's partition hash: the row's partition is `key_hash %
+    /// partitions`, for whatever count the topic has when it is routed.
+    pub key_hash: i32,
     /// When the row was written (the outbox lag starts there).
     pub created_at: DateTime<Utc>,
     /// When its lease was taken or last renewed (renewal is due at half
@@ -255,6 +258,7 @@ mod tests {
                 value: vec![],
                 headers: Headers::default(),
             },
+            key_hash: 0,
             created_at: DateTime::UNIX_EPOCH,
             leased_at: now,
             lease_until: now + Duration::from_secs(15),

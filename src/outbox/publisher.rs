@@ -17,7 +17,7 @@ use crate::{
     clock::{Clock, SystemClock},
     config::{KafkaSettings, PublisherSettings},
     context::TaskContext,
-    db::outbox::{HandedRows, Handoff},
+    handoff::{HandedRows, Handoff},
     telemetry::{Health, Metrics},
 };
 

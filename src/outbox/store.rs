@@ -13,8 +13,9 @@ use crate::{
     clock::Clock,
     db::{
         DbError, PgPool,
-        outbox::{self, Claim, ClaimedRow, LeaseOwner},
+        outbox::{self, Claim},
     },
+    handoff::{LeaseOwner, LeasedRow},
 };
 
 /// The work of one database round.
@@ -52,7 +53,7 @@ impl Round {
 #[derive(Debug, Default)]
 pub struct RoundResult {
     /// The claimed rows, oldest first.
-    pub claimed: Vec<ClaimedRow>,
+    pub claimed: Vec<LeasedRow>,
     /// Rows of [`Round::renew`] whose lease is no longer this instance's
     /// (it was paused past the lease and another instance claimed them):
     /// they are not sent by this instance again.

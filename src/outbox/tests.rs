@@ -36,7 +36,7 @@ struct Rig {
     partitions: i32,
     keys: Keys,
     /// Where an expiry would hand over the rows it writes leased.
-    handoff: Option<crate::db::outbox::Handoff>,
+    handoff: Option<crate::handoff::Handoff>,
 }
 
 /// Keys by partition, generated in order and handed out once each.

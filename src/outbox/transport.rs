@@ -2,7 +2,7 @@
 //! topic's partition count and produces records to one partition. Its
 //! errors arrive already classified ([`SendError`]); no Kafka type crosses
 //! it. [`super::kafka::KafkaTransport`] is the real one,
-//! [`super::memory::ScriptedTransport`] a scripted one for tests.
+//! `outbox::memory::ScriptedTransport` a scripted one for tests.
 
 use std::future::Future;
 

@@ -11,7 +11,7 @@ use booking_expiration::{
     config::{EventSettings, ExpirySettings, ShutdownSettings},
     db::bookings,
     domain::{BookingExpired, DomainEventSubscriber, Phase, RunId},
-    expiry::{CycleError, sweep::Sweep},
+    expiry::{CycleError, CycleStart, sweep::Sweep},
 };
 use booking_expired_proto::{decode_record, v1};
 use chrono::Duration as ChronoDuration;
@@ -151,7 +151,7 @@ async fn reserve_phase_expires_with_audit_and_outbox() {
     let run_id = RunId::new(Uuid::new_v4());
     let outcome = db
         .worker(&clock, 200)
-        .run_cycle_at(as_of, run_id, &CancellationToken::new())
+        .run_cycle(CycleStart::new(&CancellationToken::new()).at(as_of, run_id))
         .await
         .unwrap();
     assert_eq!(outcome.report.reserve_expired_count, 2);
@@ -197,7 +197,7 @@ async fn event_time_equals_the_stored_time_at_nanosecond_clocks() {
     let booking = NewBooking::new("Reserved").reserve_deadline(t0());
     db.insert(&booking).await;
     db.worker(&clock(), 200)
-        .run_cycle_at(as_of, RunId::generate(), &CancellationToken::new())
+        .run_cycle(CycleStart::new(&CancellationToken::new()).at(as_of, RunId::generate()))
         .await
         .unwrap();
     let stored = db.booking(booking.id).await.expired_at.expect("expired");
@@ -361,11 +361,10 @@ async fn ten_thousand_poison_rows_never_keep_the_good_rows_behind_them() {
             "good rows still due after {cycles} cycles (bound {bound})"
         );
         let outcome = worker
-            .run_cycle_at_resuming(
-                as_of,
-                RunId::generate(),
-                &mut sweep,
-                &CancellationToken::new(),
+            .run_cycle(
+                CycleStart::new(&CancellationToken::new())
+                    .at(as_of, RunId::generate())
+                    .resuming(&mut sweep),
             )
             .await
             .unwrap();
@@ -390,11 +389,10 @@ async fn ten_thousand_poison_rows_never_keep_the_good_rows_behind_them() {
     let late = NewBooking::new("Reserved").reserve_deadline(as_of - ChronoDuration::seconds(10));
     db.insert(&late).await;
     let outcome = worker
-        .run_cycle_at_resuming(
-            as_of,
-            RunId::generate(),
-            &mut sweep,
-            &CancellationToken::new(),
+        .run_cycle(
+            CycleStart::new(&CancellationToken::new())
+                .at(as_of, RunId::generate())
+                .resuming(&mut sweep),
         )
         .await
         .unwrap();
@@ -403,11 +401,10 @@ async fn ten_thousand_poison_rows_never_keep_the_good_rows_behind_them() {
     // At the tick the sweep starts over: the poison rows are tried again.
     sweep.tick();
     let outcome = worker
-        .run_cycle_at_resuming(
-            as_of,
-            RunId::generate(),
-            &mut sweep,
-            &CancellationToken::new(),
+        .run_cycle(
+            CycleStart::new(&CancellationToken::new())
+                .at(as_of, RunId::generate())
+                .resuming(&mut sweep),
         )
         .await
         .unwrap();

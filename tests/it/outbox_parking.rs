@@ -13,6 +13,7 @@ use booking_expiration::{
     clock::SystemClock,
     config::PublisherSettings,
     db::outbox::{self, Claim, Unpark},
+    handoff::LeaseOwner,
     outbox::{KafkaTransport, LagStats, RetentionSweep, ScriptedTransport, Transport},
 };
 
@@ -197,7 +198,7 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         partition,
         room: 100,
     };
-    let owner = outbox::LeaseOwner::new();
+    let owner = LeaseOwner::new();
     let claim = Claim {
         limit: 100,
         lease: Duration::from_secs(15),

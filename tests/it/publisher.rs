@@ -11,6 +11,7 @@ use booking_expiration::{
     config::KafkaSettings,
     context::TaskContext,
     db::outbox::{self, Claim},
+    handoff::LeaseOwner,
     outbox::{KafkaTransport, LagStats, OutgoingRecord, RetentionSweep, Transport},
     telemetry::BrokerState,
 };
@@ -260,7 +261,7 @@ async fn crash_between_produce_and_commit_republishes_with_the_same_ce_id() {
         lease: Duration::from_secs(3),
         ..Claim::default()
     };
-    let rows = outbox::claim(&mut conn, &claim, outbox::LeaseOwner::new())
+    let rows = outbox::claim(&mut conn, &claim, LeaseOwner::new())
         .await
         .unwrap();
     assert_eq!(rows.len(), 100);

@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use booking_expiration::db::outbox::key_hash;
+use booking_expiration::events::key_hash;
 use diesel::{
     QueryableByName,
     sql_types::{Array, Binary, Double, Integer, Text},

@@ -15,7 +15,7 @@ use booking_expiration::{
     context::TaskContext,
     db::PgPool,
     domain::{Phase, RunId},
-    expiry::ExpiryWorker,
+    expiry::{CycleStart, ExpiryWorker},
 };
 use chrono::{DateTime, Utc};
 use diesel::{
@@ -387,7 +387,7 @@ pub async fn expire_all(
                 match side {
                     Side::Worker => {
                         let outcome = worker
-                            .run_cycle_at(as_of, RunId::generate(), &token)
+                            .run_cycle(CycleStart::new(&token).at(as_of, RunId::generate()))
                             .await?;
                         Ok::<_, anyhow::Error>((outcome.report.expired(), outcome.batches))
                     }

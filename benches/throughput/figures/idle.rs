@@ -5,7 +5,10 @@
 use std::time::Instant;
 
 use anyhow::{Result, ensure};
-use booking_expiration::domain::{Phase, RunId};
+use booking_expiration::{
+    domain::{Phase, RunId},
+    expiry::CycleStart,
+};
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
@@ -56,13 +59,13 @@ pub async fn measure(svc: &Services, template: &Template, reps: usize) -> Result
     let token = CancellationToken::new();
     // One untimed cycle prepares the statements, as in a running worker.
     worker
-        .run_cycle_at(template.as_of, RunId::generate(), &token)
+        .run_cycle(CycleStart::new(&token).at(template.as_of, RunId::generate()))
         .await?;
     let mut ms = Vec::new();
     for _ in 0..reps {
         let started = Instant::now();
         let outcome = worker
-            .run_cycle_at(template.as_of, RunId::generate(), &token)
+            .run_cycle(CycleStart::new(&token).at(template.as_of, RunId::generate()))
             .await?;
         ms.push(started.elapsed().as_secs_f64() * 1e3);
         ensure!(outcome.report.expired() == 0, "idle cycle expired rows");

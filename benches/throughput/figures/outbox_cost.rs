@@ -55,6 +55,8 @@ use booking_expiration::{
         outbox::{self, Claim},
     },
     domain::RunId,
+    expiry::CycleStart,
+    handoff::LeaseOwner,
     outbox::ScriptedTransport,
 };
 use diesel::{
@@ -428,7 +430,7 @@ async fn run_side(svc: &Services, set: &DueSet<'_>, side: &SideSpec) -> Result<R
     let r0 = usage(svc, &mut admin).await?;
     let worker = expiry::worker(pool.clone(), set.as_of, EXPIRY_BATCH);
     let outcome = worker
-        .run_cycle_at(set.as_of, RunId::generate(), &CancellationToken::new())
+        .run_cycle(CycleStart::new(&CancellationToken::new()).at(set.as_of, RunId::generate()))
         .await?;
     drop(worker);
     ensure!(
@@ -455,7 +457,7 @@ async fn run_side(svc: &Services, set: &DueSet<'_>, side: &SideSpec) -> Result<R
             p.publish_until_idle().await.published
         }
         Publish::Split => {
-            let owner = outbox::LeaseOwner::new();
+            let owner = LeaseOwner::new();
             let ids = lease_all(&pool, owner).await?;
             lease_reading = Some(usage(svc, &mut admin).await?);
             mark_all(&pool, &ids, owner).await?;
@@ -535,7 +537,7 @@ async fn expire_and_hand_over(pool: &PgPool, set: &DueSet<'_>) -> Result<(u64, u
     let mut expired = 0;
     loop {
         let outcome = worker
-            .run_cycle_at(set.as_of, RunId::generate(), &CancellationToken::new())
+            .run_cycle(CycleStart::new(&CancellationToken::new()).at(set.as_of, RunId::generate()))
             .await?;
         expired += outcome.report.expired();
         if outcome.report.expired() == 0 {
@@ -604,7 +606,7 @@ async fn publish_before(pool: &PgPool) -> Result<u64> {
 
 /// Every row leased, a claim of a batch per transaction (the pipeline's
 /// claim, `db::outbox::claim`, with its default lease).
-async fn lease_all(pool: &PgPool, owner: outbox::LeaseOwner) -> Result<Vec<i64>> {
+async fn lease_all(pool: &PgPool, owner: LeaseOwner) -> Result<Vec<i64>> {
     let lease = booking_expiration::outbox::Timing::default().lease;
     let mut conn = pool.get().await?;
     let mut ids = Vec::new();
@@ -625,7 +627,7 @@ async fn lease_all(pool: &PgPool, owner: outbox::LeaseOwner) -> Result<Vec<i64>>
 }
 
 /// `ids` marked published, a batch per transaction (`db::outbox::mark_published`).
-async fn mark_all(pool: &PgPool, ids: &[i64], owner: outbox::LeaseOwner) -> Result<()> {
+async fn mark_all(pool: &PgPool, ids: &[i64], owner: LeaseOwner) -> Result<()> {
     let mut conn = pool.get().await?;
     for chunk in ids.chunks(PUBLISH_BATCH as usize) {
         conn.transaction(async |c| outbox::mark_published(c, chunk, wall_now(), owner).await)

@@ -25,6 +25,7 @@ use booking_expiration::{
     context::TaskContext,
     db::PgPool,
     events::Headers,
+    handoff::LeaseOwner,
     outbox::{
         KafkaTransport, OutgoingRecord, PgStore, Publisher, Round, ScriptedTransport, SendError,
         Store, Timing, Transport,
@@ -122,7 +123,7 @@ struct Counted {
 }
 
 impl Store for Counted {
-    fn owner(&self) -> booking_expiration::db::outbox::LeaseOwner {
+    fn owner(&self) -> LeaseOwner {
         self.store.owner()
     }
 
@@ -471,7 +472,7 @@ async fn raw_rounds(pool: &PgPool) -> Result<(u64, u64)> {
     use booking_expiration::db::outbox::{self, Claim};
     let mut conn = pool.get().await?;
     let lease = timing().lease;
-    let owner = outbox::LeaseOwner::new();
+    let owner = LeaseOwner::new();
     let (mut claimed, mut published, mut rounds) = (Vec::<i64>::new(), 0u64, 0u64);
     loop {
         let marks = std::mem::take(&mut claimed);

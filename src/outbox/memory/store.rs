@@ -12,11 +12,9 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::{
-    db::{
-        DbError,
-        outbox::{ClaimedRow, LeaseOwner, key_hash},
-    },
-    events::Headers,
+    db::DbError,
+    events::{Headers, key_hash},
+    handoff::{LeaseOwner, LeasedRow},
     outbox::store::{Round, RoundResult, Store},
 };
 
@@ -36,8 +34,8 @@ struct Row {
 
 impl Row {
     /// The row as a claim returns it.
-    fn claimed(&self, id: i64) -> ClaimedRow {
-        ClaimedRow {
+    fn claimed(&self, id: i64) -> LeasedRow {
+        LeasedRow {
             id,
             event_id: Uuid::nil(),
             topic: self.topic.clone(),
@@ -134,7 +132,7 @@ impl MemoryStore {
 
     /// Adds an unpublished row for `key` leased for `lease` from now, as
     /// the expiry of `run` writes it; returns it as the handoff carries it.
-    pub fn insert_leased(&self, topic: &str, key: &str, lease: std::time::Duration) -> ClaimedRow {
+    pub fn insert_leased(&self, topic: &str, key: &str, lease: std::time::Duration) -> LeasedRow {
         let id = self.insert(topic, key);
         let mut state = self.state();
         let row = state.rows.get_mut(&id).expect("just inserted");

@@ -44,7 +44,8 @@ use super::{
 };
 use crate::{
     clock::Clock,
-    db::{DbError, outbox::HandedRows},
+    db::DbError,
+    handoff::HandedRows,
     telemetry::{Health, Metrics},
 };
 

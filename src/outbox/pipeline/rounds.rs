@@ -9,10 +9,8 @@ use tokio::time::Instant;
 
 use super::{CORRUPT_ROW, Run};
 use crate::{
-    db::{
-        DbError,
-        outbox::{Claim, ClaimedRow, HandedRows},
-    },
+    db::{DbError, outbox::Claim},
+    handoff::{HandedRows, LeasedRow},
     outbox::{
         partition::Held,
         store::{Round, RoundResult, Store},
@@ -35,7 +33,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
     /// (a partition that cannot be written holds its share and no more).
     pub(super) fn handed(&mut self, handed: HandedRows) {
         for row in handed.rows {
-            if self.queues.has_room(&row.topic, &row.message_key) {
+            if self.queues.has_room(&row.topic, row.partition_hash()) {
                 self.claimed(row, handed.leased_at);
             } else {
                 self.parts.metrics.outbox_handoff_released.inc();
@@ -153,16 +151,18 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
 
     /// A claimed row: to its partition's queue, or parked when it cannot
     /// become a record.
-    fn claimed(&mut self, row: ClaimedRow, leased_at: Instant) {
+    fn claimed(&mut self, row: LeasedRow, leased_at: Instant) {
         if let Some(defect) = row.defect() {
             tracing::warn!(event_id = %row.event_id, reason = %defect, "outbox row parked: it is not a record");
             self.parked
                 .push((row.id, format!("{CORRUPT_ROW}: {defect}")));
             return;
         }
+        let key_hash = row.partition_hash();
         let Ok(headers) = row.headers else { return };
         let held = Held {
             id: row.id,
+            key_hash,
             record: OutgoingRecord {
                 key: row.message_key,
                 value: row.payload,
@@ -178,7 +178,7 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
 
 /// Whether a claim took all it asked for somewhere (more rows may wait):
 /// a partition its whole room, or the unrouted rows their limit.
-fn filled(claim: &Claim, rows: &[ClaimedRow]) -> bool {
+fn filled(claim: &Claim, rows: &[LeasedRow]) -> bool {
     let mut taken = vec![0u32; claim.partitions.len()];
     let mut unrouted = 0u32;
     for row in rows {

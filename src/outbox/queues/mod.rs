@@ -179,18 +179,16 @@ impl Queues {
         (self.max_held / (4 * known.max(1))).max(1)
     }
 
-    /// Whether the queue of the row of `topic` with `key` can take it now
-    /// (a row handed over by the expiry, which no claim sized).
-    pub(crate) fn has_room(&self, topic: &str, key: &str) -> bool {
+    /// Whether the queue of the row of `topic` with `key_hash` can take it
+    /// now (a row handed over by the expiry, which no claim sized).
+    pub(crate) fn has_room(&self, topic: &str, key_hash: i32) -> bool {
         if self.held >= self.max_held {
             return false;
         }
         let share = self.share();
         match self.topics.get(topic) {
             Some(t) if !t.partitions.is_empty() => {
-                let count = t.partitions.len() as i32;
-                let partition = booking_expired_proto::partition_for_key(key.as_bytes(), count);
-                t.partitions[partition as usize].len() < share
+                t.partitions[partition_of(key_hash, t.partitions.len())].len() < share
             }
             Some(t) => t.unrouted.len() < share,
             None => true,
@@ -393,7 +391,15 @@ fn route(t: &mut Topic, row: Held) {
         t.unrouted.push_back(row);
         return;
     }
-    let count = t.partitions.len() as i32;
-    let partition = booking_expired_proto::partition_for_key(row.record.key.as_bytes(), count);
-    t.partitions[partition as usize].push(row);
+    let partition = partition_of(row.key_hash, t.partitions.len());
+    t.partitions[partition].push(row);
+}
+
+/// The partition of the row with `key_hash` among `count` (at least one):
+/// `key_hash % count`, the Java partitioner's choice, as the hash is
+/// positive (`events::key_hash`); `rem_euclid` keeps even a stored value
+/// that is not in range.
+fn partition_of(key_hash: i32, count: usize) -> usize {
+    let count = i32::try_from(count).unwrap_or(i32::MAX);
+    key_hash.rem_euclid(count) as usize
 }
