@@ -115,17 +115,6 @@ impl ExpiryWorker {
         Ok(outcome)
     }
 
-    /// The scheduler's cycle, `run_cycle(CycleStart::new(shutdown)
-    /// .resuming(sweep))`, under the name `scheduler::run` calls.
-    pub async fn run_cycle_resuming(
-        &self,
-        sweep: &mut Sweep,
-        shutdown: &CancellationToken,
-    ) -> Result<CycleOutcome, CycleError> {
-        self.run_cycle(CycleStart::new(shutdown).resuming(sweep))
-            .await
-    }
-
     async fn cycle(
         &self,
         as_of: DateTime<Utc>,

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    CycleError, ExpiryWorker,
+    CycleError, CycleStart, ExpiryWorker,
     skew::{SkewWarnings, WARN_EVERY},
     sweep::Sweep,
     wake::{WakeInputs, WakeReason, backlog_left, next_wake},
@@ -134,7 +134,10 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
         next_deadline = None;
         backlog = false;
         probe_from = None;
-        match worker.run_cycle_resuming(&mut sweep, &shutdown).await {
+        match worker
+            .run_cycle(CycleStart::new(&shutdown).resuming(&mut sweep))
+            .await
+        {
             Ok(outcome) => {
                 let now = clock.now();
                 health.record_cycle_success(now);
