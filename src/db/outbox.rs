@@ -317,7 +317,9 @@ fn claim_sql() -> &'static str {
                            SELECT x.id \
                              FROM unnest($4::text[], $5::int[]) AS r(topic, n) \
                             CROSS JOIN LATERAL ( \
-                                  ({below}) UNION ALL ({above}) UNION ALL ({none})) x \
+                                  SELECT b.id FROM ({below}) b \
+                                  UNION ALL SELECT a.id FROM ({above}) a \
+                                  UNION ALL SELECT z.id FROM ({none}) z) x \
                             WHERE r.topic <> ALL($3::text[]) \
                            UNION ALL \
                            SELECT x.id FROM topics t \
