@@ -24,6 +24,9 @@ pub struct LeasedRow {
     pub created_at: DateTime<Utc>,
     /// The stored [`key_hash`]; `None` on rows written before it was.
     pub key_hash: Option<i32>,
+    /// The partition count the row was written for (`None`: the writer
+    /// knew none, or the row was handed over in process).
+    pub partition_count: Option<i32>,
 }
 
 impl LeasedRow {
@@ -44,6 +47,7 @@ impl LeasedRow {
             payload: message.payload,
             headers: Ok(message.headers),
             created_at,
+            partition_count: None,
         }
     }
 
@@ -132,6 +136,7 @@ mod tests {
             headers: Ok(Headers::default()),
             created_at: DateTime::UNIX_EPOCH,
             key_hash: None,
+            partition_count: None,
         };
         assert_eq!(row.partition_hash(), key_hash(&row.message_key));
         row.key_hash = Some(7);

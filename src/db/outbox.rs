@@ -177,6 +177,8 @@ struct StoredRow {
     created_at: DateTime<Utc>,
     #[diesel(sql_type = Nullable<Integer>)]
     key_hash: Option<i32>,
+    #[diesel(sql_type = Nullable<Integer>)]
+    partition_count: Option<i32>,
 }
 
 impl From<StoredRow> for LeasedRow {
@@ -190,6 +192,7 @@ impl From<StoredRow> for LeasedRow {
             headers: Headers::from_json(row.headers.as_bytes()),
             created_at: row.created_at,
             key_hash: row.key_hash,
+            partition_count: row.partition_count,
         }
     }
 }
@@ -256,7 +259,9 @@ const LEASE_FREE: &str = "(c.claimed_until IS NULL OR c.claimed_until < statemen
 /// the routed topics and their counts, `$6`–`$9` the partitions (topic,
 /// count, partition, room), `$10` the lease's owner.
 ///
-/// Every branch is an index range scan of `ix_booking_expiration_outbox_claim`
+/// The ids are gathered first (`ARRAY(…)`, locked as they are read) and the
+/// update finds them by primary key: a join would let the planner scan the
+/// table. Every branch is an index range scan of `ix_booking_expiration_outbox_claim`
 /// (topic, partition_count, kafka_partition, id) that starts where its rows
 /// start and stops at its limit, whatever the backlog:
 ///
@@ -308,7 +313,7 @@ fn claim_sql() -> &'static str {
              UPDATE booking_expiration_outbox o \
                 SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond', \
                     claimed_by = $10 \
-              WHERE o.id IN ( \
+              WHERE o.id = ANY (ARRAY( \
                     SELECT x.id \
                       FROM unnest($6::text[], $7::int[], $8::int[], $9::int[]) AS s(topic, n, p, room) \
                      CROSS JOIN LATERAL ({partition}) x \
@@ -326,9 +331,9 @@ fn claim_sql() -> &'static str {
                             CROSS JOIN LATERAL ({unknown}) x \
                             WHERE t.topic IS NOT NULL \
                               AND t.topic <> ALL($3::text[]) AND t.topic <> ALL($4::text[]) \
-                           LIMIT $1) y) \
+                           LIMIT $1) y)) \
              RETURNING o.id, o.event_id, o.topic, o.message_key, o.payload, \
-                       o.headers::text AS headers, o.created_at, o.key_hash"
+                       o.headers::text AS headers, o.created_at, o.key_hash, o.partition_count"
         )
     });
     &SQL
@@ -486,6 +491,43 @@ pub async fn set_layout(
     .bind::<Text, _>(topic)
     .bind::<Integer, _>(partitions)
     .bind::<Timestamptz, _>(at)
+    .execute(conn)
+    .await?)
+}
+
+/// Lays out up to `limit` unpublished rows of `topic` written for another
+/// partition count than `partitions`, or for none (written before any
+/// publisher read the topic): their partition in the topic's layout now,
+/// so each is claimed by its partition's own scan. Rows another statement
+/// holds locked are skipped (an instance laying out the same topic, a
+/// claim): the next round takes them. Returns how many.
+pub async fn relayout(
+    conn: &mut AsyncPgConnection,
+    topic: &str,
+    partitions: i32,
+    limit: u32,
+) -> Result<usize, DbError> {
+    Ok(diesel::sql_query(format!(
+        "UPDATE booking_expiration_outbox o \
+            SET partition_count = $2, kafka_partition = o.key_hash % $2 \
+          WHERE o.id = ANY (ARRAY( \
+                SELECT x.id FROM ( \
+                       SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
+                         WHERE {CLAIMABLE} AND c.topic = $1 AND c.partition_count IS NULL \
+                           AND c.key_hash IS NOT NULL LIMIT $3 FOR UPDATE SKIP LOCKED) q \
+                       UNION ALL \
+                       SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
+                         WHERE {CLAIMABLE} AND c.topic = $1 AND c.partition_count < $2 \
+                         LIMIT $3 FOR UPDATE SKIP LOCKED) q \
+                       UNION ALL \
+                       SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
+                         WHERE {CLAIMABLE} AND c.topic = $1 AND c.partition_count > $2 \
+                         LIMIT $3 FOR UPDATE SKIP LOCKED) q) x \
+                 LIMIT $3))"
+    ))
+    .bind::<Text, _>(topic)
+    .bind::<Integer, _>(partitions)
+    .bind::<BigInt, _>(i64::from(limit))
     .execute(conn)
     .await?)
 }

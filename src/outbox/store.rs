@@ -33,8 +33,9 @@ pub struct Round {
     pub release: Vec<i64>,
     /// New rows to claim.
     pub claim: Option<Claim>,
-    /// Topics' partition counts read from the brokers since the last
-    /// round, for writers to give new rows their partition.
+    /// Topics' partition counts read from the brokers, for writers to give
+    /// new rows their partition, and for rows written for another count (or
+    /// none) to be laid out anew, [`RELAYOUT_BATCH`] a round.
     pub layouts: Vec<(String, i32)>,
 }
 
@@ -49,6 +50,10 @@ impl Round {
     }
 }
 
+/// Rows laid out anew per topic and round at most: a short transaction
+/// even over the backlog of an outage written before the layout was known.
+pub const RELAYOUT_BATCH: u32 = 5_000;
+
 /// What a round found.
 #[derive(Debug, Default)]
 pub struct RoundResult {
@@ -58,6 +63,9 @@ pub struct RoundResult {
     /// (it was paused past the lease and another instance claimed them):
     /// they are not sent by this instance again.
     pub lost: Vec<i64>,
+    /// Topics of [`Round::layouts`] with rows still to lay out (a full
+    /// batch was laid out).
+    pub relayout_left: Vec<String>,
 }
 
 /// Where the pipeline keeps the outbox.
@@ -139,14 +147,23 @@ impl Store for PgStore {
             if !round.release.is_empty() {
                 outbox::release(conn, &round.release, owner).await?;
             }
+            let mut relayout_left = Vec::new();
             for (topic, partitions) in &round.layouts {
                 outbox::set_layout(conn, topic, *partitions, now).await?;
+                let laid = outbox::relayout(conn, topic, *partitions, RELAYOUT_BATCH).await?;
+                if laid >= RELAYOUT_BATCH as usize {
+                    relayout_left.push(topic.clone());
+                }
             }
             let claimed = match &round.claim {
                 Some(claim) => outbox::claim(conn, claim, owner).await?,
                 None => Vec::new(),
             };
-            Ok(RoundResult { claimed, lost })
+            Ok(RoundResult {
+                claimed,
+                lost,
+                relayout_left,
+            })
         })
         .await
     }

@@ -5,8 +5,11 @@
 //! them unsent (its renewal comes back short, said in one line) and
 //! changes nothing of them. Asserted: every booking expired once and on
 //! the topic, no event more than twice (a request the paused instance had
-//! on the way, once more by the other), the paused instance's log says it
-//! left the rows, and both stop with exit 0.
+//! on the way, once more by the other), and both stop with exit 0. Whether
+//! the paused one still had rows waiting to renew when it came back (its
+//! log then says it left them) depends on where the pause caught it: the
+//! line is counted and printed; the rule itself is pinned by
+//! `outbox::tests::a_paused_instance_leaves_the_rows_another_claimed_since`.
 //!
 //! Bookings fall due at [`RATE`] a second for [`SPREAD`], so both
 //! instances expire and publish all along; the pause comes once the
@@ -133,5 +136,4 @@ async fn an_instance_paused_past_its_lease_leaves_the_other_its_rows() {
     );
     assert_eq!(copies.len() as u64, due, "every booking on the topic");
     assert!(most <= 2, "no event more than twice (at most {most})");
-    assert!(left >= 1, "A found its rows claimed by B:\n{log_a}");
 }

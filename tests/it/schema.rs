@@ -164,6 +164,7 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
         "booking_expiration_outbox",
         "booking_expiration_outbox_notify",
         "booking_expiration_topic_layout",
+        "booking_expiration_waker",
     ] {
         assert!(!exists(&db, owned).await, "{owned} is left after revert");
     }
@@ -445,9 +446,10 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     db.exec_sql(&row("gen_random_uuid()")).await;
     let mut harness = AsyncMigrationHarness::new(db.conn().await);
     // Diesel names a migration by its version, the folder name's digits.
-    // The replay's audit indexes, the outbox leases, their owner and the
-    // claim by partition came after the lean_outbox migration.
+    // The replay's audit indexes, the outbox leases, their owner, the claim
+    // by partition and the waker came after the lean_outbox migration.
     for expected in [
+        "20261206000004",
         "20261206000003",
         "20261206000002",
         "20261206000001",
@@ -479,6 +481,6 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let applied = db::migrate::run_migrations(&db.settings)
         .await
         .expect("the migration applies again");
-    assert_eq!(applied.len(), 7, "{applied:?}");
+    assert_eq!(applied.len(), 8, "{applied:?}");
     assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
 }

@@ -34,7 +34,7 @@ struct Row {
 
 impl Row {
     /// The row as a claim returns it.
-    fn claimed(&self, id: i64) -> LeasedRow {
+    fn claimed(&self, id: i64, partition_count: Option<i32>) -> LeasedRow {
         LeasedRow {
             id,
             event_id: Uuid::nil(),
@@ -44,6 +44,7 @@ impl Row {
             headers: Ok(self.headers.clone()),
             created_at: self.created_at,
             key_hash: Some(self.key_hash),
+            partition_count,
         }
     }
 }
@@ -138,7 +139,7 @@ impl MemoryStore {
         let row = state.rows.get_mut(&id).expect("just inserted");
         row.leased_until = Some(Instant::now() + lease);
         row.owner = Some(self.owner);
-        row.claimed(id)
+        row.claimed(id, None)
     }
 
     /// The next `n` rounds fail (the database is gone).
@@ -282,26 +283,31 @@ impl Store for MemoryStore {
                 {
                     continue;
                 }
-                let (count, room) = if claim.routed_topics.iter().any(|r| r.topic == row.topic) {
-                    let Some(i) = claim
-                        .partitions
-                        .iter()
-                        .position(|p| p.holds(&row.topic, row.key_hash))
-                    else {
-                        // A partition without room.
-                        continue;
+                let (count, room, laid_out) =
+                    if claim.routed_topics.iter().any(|r| r.topic == row.topic) {
+                        let Some(i) = claim
+                            .partitions
+                            .iter()
+                            .position(|p| p.holds(&row.topic, row.key_hash))
+                        else {
+                            // A partition without room.
+                            continue;
+                        };
+                        (
+                            &mut taken[i],
+                            claim.partitions[i].room,
+                            Some(claim.partitions[i].count),
+                        )
+                    } else {
+                        (&mut unrouted, claim.limit, None)
                     };
-                    (&mut taken[i], claim.partitions[i].room)
-                } else {
-                    (&mut unrouted, claim.limit)
-                };
                 if *count >= room {
                     continue;
                 }
                 *count += 1;
                 row.leased_until = Some(now + claim.lease);
                 row.owner = owner;
-                claimed.push(row.claimed(*id));
+                claimed.push(row.claimed(*id, laid_out));
             }
         }
         let held = state
@@ -311,6 +317,10 @@ impl Store for MemoryStore {
             .filter(|r| r.leased_until.is_some_and(|u| u > now))
             .count();
         state.max_claimed = state.max_claimed.max(held);
-        Ok(RoundResult { claimed, lost })
+        Ok(RoundResult {
+            claimed,
+            lost,
+            relayout_left: Vec::new(),
+        })
     }
 }

@@ -90,7 +90,16 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
             Ok(RoundResult {
                 claimed: rows,
                 lost,
+                relayout_left,
             }) => {
+                // Rows still to lay out: again with the next round.
+                self.layouts.extend(
+                    round
+                        .layouts
+                        .iter()
+                        .filter(|(topic, _)| relayout_left.contains(topic))
+                        .cloned(),
+                );
                 let renewed: Vec<i64> = round
                     .renew
                     .iter()
@@ -182,11 +191,13 @@ fn filled(claim: &Claim, rows: &[LeasedRow]) -> bool {
     let mut taken = vec![0u32; claim.partitions.len()];
     let mut unrouted = 0u32;
     for row in rows {
+        // A row of its partition's branch: written for the count the
+        // claim asked with. The others came within `limit`.
         let partition = row.key_hash.and_then(|hash| {
             claim
                 .partitions
                 .iter()
-                .position(|p| p.holds(&row.topic, hash))
+                .position(|p| row.partition_count == Some(p.count) && p.holds(&row.topic, hash))
         });
         match partition {
             Some(i) => taken[i] += 1,
