@@ -72,6 +72,24 @@ GAUGES = [
     "crm_booking_expiration_outbox_partitions_failing",
     "crm_booking_expiration_expiry_waker",
 ]
+
+
+def gauge_values() -> dict[str, float]:
+    """What a healthy worker's gauges read; one value for every name in GAUGES."""
+    return {
+        "crm_booking_expiration_backlog": 7,
+        "crm_booking_expiration_last_success_timestamp_seconds": int(time.time()) - 3,
+        "crm_booking_expiration_clock_skew_seconds": 0.01,
+        "crm_booking_expiration_clock_skew_exceeded": 0,
+        "crm_booking_expiration_outbox_unpublished": 12,
+        "crm_booking_expiration_outbox_oldest_unpublished_age_seconds": 2,
+        "crm_booking_expiration_outbox_parked": 0,
+        "crm_booking_expiration_outbox_held": 12,
+        "crm_booking_expiration_outbox_partitions_failing": 0,
+        "crm_booking_expiration_expiry_waker": 1,
+    }
+
+
 HISTOGRAMS = {
     "crm_booking_expiration_cycle_duration_seconds":
         [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
@@ -349,6 +367,9 @@ class StandIn:
     prometheus-client crate writes, with values that move on each scrape."""
 
     def __init__(self) -> None:
+        missing = set(GAUGES) - set(gauge_values())
+        if missing:
+            raise SystemExit(f"check_deploy.py: the stand-in has no value for gauge(s) {sorted(missing)}; add them to gauge_values()")
         self.started = time.time()
         stand_in = self
 
@@ -398,17 +419,7 @@ class StandIn:
                 out.append(f"{name}_total 3")  # a healthy worker: no new errors
             else:
                 out.append(f"{name}_total {n}")
-        values = {
-            "crm_booking_expiration_backlog": 7,
-            "crm_booking_expiration_last_success_timestamp_seconds": int(time.time()) - 3,
-            "crm_booking_expiration_clock_skew_seconds": 0.01,
-            "crm_booking_expiration_clock_skew_exceeded": 0,
-            "crm_booking_expiration_outbox_unpublished": 12,
-            "crm_booking_expiration_outbox_oldest_unpublished_age_seconds": 2,
-            "crm_booking_expiration_outbox_parked": 0,
-            "crm_booking_expiration_outbox_held": 12,
-            "crm_booking_expiration_outbox_partitions_failing": 0,
-        }
+        values = gauge_values()
         for name in GAUGES:
             out += [f"# HELP {name} stand-in", f"# TYPE {name} gauge", f"{name} {values[name]}"]
         out.append("# EOF")

@@ -549,3 +549,22 @@ async fn a_claim_reads_what_it_takes_not_the_backlog() {
         "{small} and {large} buffers, bound {bound}"
     );
 }
+
+/// The claim's plan at 20,000 and 2,000,000 unpublished rows
+/// (`EXPLAIN (ANALYZE, BUFFERS)`, printed for docs/scaling.md), under the
+/// same bound as [`a_claim_reads_what_it_takes_not_the_backlog`]. Ignored
+/// in the suite (the 2,000,000 rows take a minute to write); by hand:
+/// `SHOW_PLAN=1 bash scripts/test.sh --test it claim_plans -- --include-ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "writes 2,000,000 rows: run by hand for the docs"]
+async fn claim_plans_at_20k_and_2m_rows() {
+    let bound = 200 * 15 + 100;
+    for rows in [20_000, 2_000_000] {
+        let buffers = claim_buffers(rows).await;
+        eprintln!("FIGURES claim-plan: {buffers} buffers for a claim of 200 rows over {rows} rows");
+        assert!(
+            buffers <= bound,
+            "{buffers} buffers over {rows} rows, bound {bound}"
+        );
+    }
+}
