@@ -415,6 +415,28 @@ pub async fn kafka_client(svc: &Services) -> Result<rskafka::client::Client> {
     testkit::kafka::client(vec![svc.kafka_bootstrap.clone()]).await
 }
 
+/// Records on `topic`: the sum of the high watermarks of its `partitions`.
+pub async fn records_on(
+    client: &rskafka::client::Client,
+    topic: &str,
+    partitions: i32,
+) -> Result<u64> {
+    let mut total = 0;
+    for p in 0..partitions {
+        let pc = client
+            .partition_client(
+                topic,
+                p,
+                rskafka::client::partition::UnknownTopicHandling::Retry,
+            )
+            .await?;
+        total += pc
+            .get_offset(rskafka::client::partition::OffsetAt::Latest)
+            .await?;
+    }
+    Ok(total as u64)
+}
+
 /// Creates `name` with `partitions` partitions on the run's broker.
 pub async fn create_topic(svc: &Services, name: &str, partitions: i32) -> Result<()> {
     testkit::kafka::create_topic(vec![svc.kafka_bootstrap.clone()], name, partitions).await

@@ -215,15 +215,6 @@ async fn sample(
     samples
 }
 
-/// Sends `signal` (`STOP`, `CONT`) to `pid`.
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{signal} {pid}");
-}
-
 /// The broker under SIGSTOP; SIGCONT on [`Frozen::thaw`] or drop (a test
 /// that fails mid-freeze leaves no frozen broker behind).
 struct Frozen(Option<u32>);

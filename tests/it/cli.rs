@@ -372,19 +372,6 @@ async fn once_starts_with_every_setting_at_either_bound() {
     }
 }
 
-/// `run` on `db`, publishing to `topic`, its endpoints on `metrics`: the
-/// settings every `run` of this module starts from.
-fn run_command(db: &TestDb, topic: &str, metrics: &str) -> std::process::Command {
-    let mut command = binary();
-    command
-        .arg("run")
-        .env("DATABASE_URL", &db.url)
-        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
-        .env("KAFKA_TOPIC", topic)
-        .env("METRICS_ADDR", metrics);
-    command
-}
-
 /// `run` with every setting at the top of its range starts, expires and
 /// publishes, serves its endpoints and stops on SIGTERM with exit 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +380,7 @@ async fn run_starts_with_every_setting_at_the_top_of_its_range() {
     db.seed_due(50, wall_now()).await;
     let topic = create_topic(3).await;
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut command = run_command(&db, &topic, &addr);
+    let mut command = run_on(&db, &topic, &addr);
     for (name, value) in [
         ("DATABASE_POOL_SIZE", "1000"),
         ("DATABASE_CONNECT_TIMEOUT", "10m"),
@@ -417,11 +404,7 @@ async fn run_starts_with_every_setting_at_the_top_of_its_range() {
     }
     let mut running = Running::spawn(command);
     wait_until("every event on Kafka", Duration::from_secs(60), || async {
-        db.count(
-            "SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL",
-        )
-        .await
-            == 50
+        db.published().await == 50
     })
     .await;
     assert_eq!(http_get(&addr, "/healthz").await.map(|(s, _)| s), Some(200));
@@ -475,7 +458,7 @@ async fn a_publisher_only_instance_stops_without_waiting_out_the_grace() {
     let db = TestDb::new().await;
     let topic = create_topic(3).await;
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut command = run_command(&db, &topic, &addr);
+    let mut command = run_on(&db, &topic, &addr);
     command.env("NO_WORKER", "true");
     let mut running = Running::spawn(command);
     wait_http_status(&addr, "/readyz", 200, Duration::from_secs(30)).await;
@@ -496,17 +479,13 @@ async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
     db.seed_due(500, wall_now()).await;
     let topic = create_topic(3).await;
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut command = run_command(&db, &topic, &addr);
+    let mut command = run_on(&db, &topic, &addr);
     command
         .env("EXPIRATION_INTERVAL", "1s")
         .env("LOG_FORMAT", "json");
     let mut running = Running::spawn(command);
     wait_until("every event on Kafka", Duration::from_secs(60), || async {
-        db.count(
-            "SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL",
-        )
-        .await
-            == 500
+        db.published().await == 500
     })
     .await;
     let (status, metrics) = http_get(&addr, "/metrics").await.expect("metrics served");

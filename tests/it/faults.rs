@@ -111,16 +111,16 @@ async fn kill_9_at_random_points_loses_nothing_and_expires_once() {
         let expired = db
             .count("SELECT count(*) AS n FROM bookings WHERE version = 2")
             .await;
-        let published = db
-            .count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL")
-            .await;
+        let published = db.published().await;
         eprintln!("kill {round}: after {delay:?}: expired {expired}, published {published}");
     }
     // Recovery: one more process runs to completion.
     let mut running = Running::spawn(run_command(&db.url, &topic, &[]));
-    wait_until("backlog and outbox drained", Duration::from_secs(120), || async {
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL").await == DUE
-    })
+    wait_until(
+        "backlog and outbox drained",
+        Duration::from_secs(120),
+        || async { db.published().await == DUE },
+    )
     .await;
     running.terminate();
     assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
@@ -427,9 +427,11 @@ async fn broker_stopped_and_restarted_loses_nothing() {
         .env("METRICS_ADDR", &addr)
         .env("RUST_LOG", "warn");
     let mut running = Running::spawn(command);
-    wait_until("first events published", Duration::from_secs(60), || async {
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL").await > 0
-    })
+    wait_until(
+        "first events published",
+        Duration::from_secs(60),
+        || async { db.published().await > 0 },
+    )
     .await;
     kafka.stop().expect("stop Kafka");
     let down_at = Instant::now();

@@ -66,16 +66,6 @@ fn encoded_size(record: &testkit::kafka::ConsumedRecord) -> u64 {
     buf.len() as u64
 }
 
-/// `name`'s value in `/metrics` (0 when absent).
-async fn metric(addr: &str, name: &str) -> f64 {
-    let Some((_, text)) = http_get(addr, "/metrics").await else {
-        return 0.0;
-    };
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_produce_quota_no_record_is_written_twice() {
     let db = TestDb::new().await;
@@ -94,31 +84,21 @@ async fn under_a_produce_quota_no_record_is_written_twice() {
     db.seed_due(DUE, wall_now()).await;
 
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut command = binary();
-    command
-        .arg("run")
-        .env("DATABASE_URL", &db.url)
-        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
-        .env("KAFKA_TOPIC", &topic)
-        .env("KAFKA_CLIENT_ID", &client_id)
-        .env("METRICS_ADDR", &addr);
+    let mut command = run_on(&db, &topic, &addr);
+    command.env("KAFKA_CLIENT_ID", &client_id);
     let mut running = Running::spawn(command);
-    wait_until("every booking published", Duration::from_secs(180), || async {
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL")
-            .await
-            == DUE as i64
-    })
+    wait_until(
+        "every booking published",
+        Duration::from_secs(180),
+        || async { db.published().await == DUE as i64 },
+    )
     .await;
     let throttled = metric(
         &addr,
-        "crm_booking_expiration_kafka_throttled_responses_total ",
+        "crm_booking_expiration_kafka_throttled_responses_total",
     )
     .await;
-    let held = metric(
-        &addr,
-        "crm_booking_expiration_kafka_throttle_seconds_total ",
-    )
-    .await;
+    let held = metric(&addr, "crm_booking_expiration_kafka_throttle_seconds_total").await;
     running.terminate();
     assert!(running.wait(Duration::from_secs(30)).await.success());
     let log = running.stderr();

@@ -28,48 +28,17 @@ const PARTITIONS: i32 = 3;
 /// Longer than the lease (15 s), so the other instance claims its rows.
 const PAUSE: Duration = Duration::from_secs(20);
 
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
-/// `name`'s value in `/metrics` (0 when absent).
-async fn metric(addr: &str, name: &str) -> f64 {
-    let Some((_, text)) = http_get(addr, "/metrics").await else {
-        return 0.0;
-    };
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_paused_past_its_lease_leaves_the_other_its_rows() {
     let db = TestDb::new().await;
     let topic = create_topic(PARTITIONS).await;
     let due = RATE * SPREAD.as_secs();
     let first = wall_now() + chrono::Duration::seconds(3);
-    let step = SPREAD / due as u32;
-    let bookings: Vec<NewBooking> = (0..due)
-        .map(|i| {
-            let at = first + chrono::Duration::from_std(step * i as u32).expect("small");
-            NewBooking::new("Booked").booking_deadline(at)
-        })
-        .collect();
+    let bookings = falling_due(due, first, SPREAD, |at| {
+        NewBooking::new("Booked").booking_deadline(at)
+    });
     db.insert_all(&bookings).await;
-    let start = |addr: &str| {
-        let mut command = binary();
-        command
-            .arg("run")
-            .env("DATABASE_URL", &db.url)
-            .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
-            .env("KAFKA_TOPIC", &topic)
-            .env("METRICS_ADDR", addr);
-        Running::spawn(command)
-    };
+    let start = |addr: &str| Running::spawn(run_on(&db, &topic, addr));
     let (addr_a, addr_b) = (
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
@@ -81,24 +50,18 @@ async fn an_instance_paused_past_its_lease_leaves_the_other_its_rows() {
     let deadline = Instant::now() + SPREAD;
     loop {
         assert!(Instant::now() < deadline, "A never held a row");
-        if metric(&addr_a, "crm_booking_expiration_outbox_held ").await > 0.0 {
+        if metric(&addr_a, "crm_booking_expiration_outbox_held").await > 0.0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    signal(a.child.id(), "-STOP");
+    signal(a.child.id(), "STOP");
     tokio::time::sleep(PAUSE).await;
-    signal(a.child.id(), "-CONT");
+    signal(a.child.id(), "CONT");
     wait_until(
         "every booking expired and published",
         SPREAD + Duration::from_secs(60),
-        || async {
-            db.count(
-                "SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL",
-            )
-            .await
-                == due as i64
-        },
+        || async { db.published().await == due as i64 },
     )
     .await;
     for running in [&a, &b] {

@@ -25,8 +25,6 @@
 
 use std::{process::Command, time::Duration};
 
-use chrono::{DateTime, Utc};
-
 use crate::support::*;
 
 const DUE: usize = 1_500;
@@ -55,21 +53,11 @@ async fn one_run(restricted: bool) -> Vec<f64> {
     let db = TestDb::new().await;
     let topic = create_topic(PARTITIONS).await;
     let first = wall_now() + chrono::Duration::seconds(3);
-    let step = SPREAD / DUE as u32;
-    let bookings: Vec<NewBooking> = (0..DUE)
-        .map(|i| {
-            let at: DateTime<Utc> = first + chrono::Duration::from_std(step * i as u32).unwrap();
-            NewBooking::new("Reserved").reserve_deadline(at)
-        })
-        .collect();
+    let bookings = falling_due(DUE as u64, first, SPREAD, |at| {
+        NewBooking::new("Reserved").reserve_deadline(at)
+    });
     db.insert_all(&bookings).await;
-    let mut command = binary();
-    command
-        .arg("run")
-        .env("DATABASE_URL", &db.url)
-        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
-        .env("KAFKA_TOPIC", &topic)
-        .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()));
+    let command = run_on(&db, &topic, &format!("127.0.0.1:{}", free_port()));
     let command = if restricted {
         under_seccomp(&command)
     } else {
@@ -79,13 +67,7 @@ async fn one_run(restricted: bool) -> Vec<f64> {
     wait_until(
         "every booking published",
         SPREAD + Duration::from_secs(60),
-        || async {
-            db.count(
-                "SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL",
-            )
-            .await
-                == DUE as i64
-        },
+        || async { db.published().await == DUE as i64 },
     )
     .await;
     running.terminate();

@@ -29,14 +29,6 @@ const TAKEOVER: Duration = Duration::from_secs(1);
 /// A booking due while no instance was the waker expires at most this late.
 const HANDOVER_LATE: Duration = Duration::from_millis(1_500);
 
-fn signal(pid: u32, signal: &str) {
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill {signal} {pid}");
-}
-
 /// The instance's waker gauge: `Some(true)` when it is the waker, `None`
 /// when it does not answer (frozen).
 async fn is_waker(addr: &str) -> Option<bool> {
@@ -77,28 +69,15 @@ async fn one_instance_wakes_at_deadlines_and_a_frozen_one_is_replaced_within_a_s
     let topic = create_topic(3).await;
     let due = RATE * SPREAD.as_secs();
     let first = wall_now() + chrono::Duration::seconds(4);
-    let step = SPREAD / due as u32;
-    let bookings: Vec<NewBooking> = (0..due)
-        .map(|i| {
-            let at = first + chrono::Duration::from_std(step * i as u32).expect("small");
-            NewBooking::new("Reserved").reserve_deadline(at)
-        })
-        .collect();
+    let bookings = falling_due(due, first, SPREAD, |at| {
+        NewBooking::new("Reserved").reserve_deadline(at)
+    });
     db.insert_all(&bookings).await;
     let addrs = [
         format!("127.0.0.1:{}", free_port()),
         format!("127.0.0.1:{}", free_port()),
     ];
-    let start = |addr: &str| {
-        let mut command = binary();
-        command
-            .arg("run")
-            .env("DATABASE_URL", &db.url)
-            .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
-            .env("KAFKA_TOPIC", &topic)
-            .env("METRICS_ADDR", addr);
-        Running::spawn(command)
-    };
+    let start = |addr: &str| Running::spawn(run_on(&db, &topic, addr));
     let mut first_instance = start(&addrs[0]);
     // The second starts once the first is the waker: the roles are known.
     let both = [addrs[0].as_str(), addrs[1].as_str()];
@@ -117,10 +96,10 @@ async fn one_instance_wakes_at_deadlines_and_a_frozen_one_is_replaced_within_a_s
         .filter(|l| l.contains("cycle started"))
         .count();
     let frozen_at = wall_now();
-    signal(first_instance.child.id(), "-STOP");
+    signal(first_instance.child.id(), "STOP");
     let takeover = until_waker(&both[1..], 0, Duration::from_secs(5)).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
-    signal(first_instance.child.id(), "-CONT");
+    signal(first_instance.child.id(), "CONT");
     let settled = until_waker(&both, 1, Duration::from_secs(5)).await;
     wait_until(
         "every booking expired",

@@ -32,7 +32,7 @@ use uuid::Uuid;
 use super::deadline_wake::fresh_db;
 use crate::{
     progress,
-    support::{Services, Stat, create_topic, kafka_client, loadavg, tree_cpu_ms},
+    support::{Services, Stat, create_topic, kafka_client, loadavg, records_on, tree_cpu_ms},
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_booking-expiration");
@@ -185,30 +185,12 @@ async fn wal_now(conn: &mut AsyncPgConnection) -> Result<f64> {
     .wal)
 }
 
-/// The messages on `topic`, all partitions.
-async fn on_topic(client: &rskafka::client::Client, topic: &str) -> Result<u64> {
-    let mut total = 0;
-    for p in 0..PARTITIONS {
-        let pc = client
-            .partition_client(
-                topic,
-                p,
-                rskafka::client::partition::UnknownTopicHandling::Retry,
-            )
-            .await?;
-        total += pc
-            .get_offset(rskafka::client::partition::OffsetAt::Latest)
-            .await?;
-    }
-    Ok(total as u64)
-}
-
 /// Drains a copy of `template` into `topic` with `run --no-worker`.
 async fn drain_once(svc: &Services, template: &str, topic: &str, rows: u64) -> Result<Drained> {
     let db = svc.copy(template).await?;
     let url = svc.url_of(&db);
     let client = kafka_client(svc).await?;
-    let before = on_topic(&client, topic).await?;
+    let before = records_on(&client, topic, PARTITIONS).await?;
     let mut admin = AsyncPgConnection::establish(&url).await?;
     let postmaster = svc.postmaster_pid()?;
     let (cpu0, wal0) = (tree_cpu_ms(postmaster), wal_now(&mut admin).await?);
@@ -237,7 +219,7 @@ async fn drain_once(svc: &Services, template: &str, topic: &str, rows: u64) -> R
                 log.display()
             );
         }
-        let total = on_topic(&client, topic).await? - before;
+        let total = records_on(&client, topic, PARTITIONS).await? - before;
         if total >= rows {
             break;
         }

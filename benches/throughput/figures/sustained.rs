@@ -52,7 +52,7 @@ use crate::{
     progress,
     support::{
         Services, create_topic, kafka_client, loadavg, machine_cpu_ms, pid_cpu_ms, process_cpu_ms,
-        run_time_ms, tree_cpu_ms, wall_now,
+        records_on, run_time_ms, tree_cpu_ms, wall_now,
     },
 };
 
@@ -401,7 +401,7 @@ async fn run_step(
         log_bytes += std::fs::metadata(&instance.log).map_or(0, |m| m.len());
         clean_exit &= instance.stop().await;
     }
-    let on_kafka = high_watermarks(svc, &topic).await?;
+    let on_kafka = records_on(&kafka_client(svc).await?, &topic, PARTITIONS).await?;
     let rows = lateness(&mut monitor, ended).await?;
     drop(monitor);
     svc.drop_db(&db).await?;
@@ -529,25 +529,6 @@ async fn lateness(conn: &mut AsyncPgConnection, ended: DateTime<Utc>) -> Result<
         .bind::<Timestamptz, _>(ended)
         .get_result(conn)
         .await?)
-}
-
-/// Records on `topic`: the sum of its partitions' high watermarks.
-async fn high_watermarks(svc: &Services, topic: &str) -> Result<u64> {
-    let client = kafka_client(svc).await?;
-    let mut total = 0;
-    for p in 0..PARTITIONS {
-        let pc = client
-            .partition_client(
-                topic,
-                p,
-                rskafka::client::partition::UnknownTopicHandling::Retry,
-            )
-            .await?;
-        total += pc
-            .get_offset(rskafka::client::partition::OffsetAt::Latest)
-            .await?;
-    }
-    Ok(total as u64)
 }
 
 /// The knee of one configuration: the first rate whose commit lateness p99

@@ -157,9 +157,7 @@ impl Flow {
     }
 
     pub(super) async fn published_count(&self) -> i64 {
-        self.db
-            .count("SELECT count(*) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL")
-            .await
+        self.db.published().await
     }
 
     pub(super) async fn expired_count(&self) -> i64 {

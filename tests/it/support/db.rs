@@ -330,6 +330,24 @@ impl NewBooking {
     }
 }
 
+/// `n` bookings falling due evenly over `spread` from `first`, each made
+/// by `booking` from its deadline.
+pub fn falling_due(
+    n: u64,
+    first: DateTime<Utc>,
+    spread: Duration,
+    booking: impl Fn(DateTime<Utc>) -> NewBooking,
+) -> Vec<NewBooking> {
+    let step = spread / n as u32;
+    (0..n)
+        .map(|i| {
+            booking(
+                first + chrono::Duration::from_std(step * i as u32).expect("a spread of seconds"),
+            )
+        })
+        .collect()
+}
+
 async fn insert_booking(conn: &mut AsyncPgConnection, b: &NewBooking) {
     diesel::sql_query(
         "INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status, \

@@ -10,9 +10,8 @@ use std::{
 
 pub use testkit::{free_port, free_port_pair};
 
-use super::wait_until;
+use super::{TestDb, kafka_bootstrap, wait_until};
 
-/// The binary under test, without the settings a developer's shell may have.
 /// Runs the binary with `args` against `database_url`, panics with its
 /// stderr unless it exits 0, and returns its stdout.
 pub fn run_ok(database_url: &str, args: &[&str]) -> String {
@@ -29,6 +28,7 @@ pub fn run_ok(database_url: &str, args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("UTF-8 stdout")
 }
 
+/// The binary under test, without the settings a developer's shell may have.
 ///
 /// libpq's variables (`PGHOST`, `PGPASSWORD`, ...) are removed and `HOME`
 /// is an empty folder of this test run, so no `~/.pgpass` of the
@@ -51,6 +51,46 @@ pub fn binary() -> std::process::Command {
     command.env("HOME", empty_home());
     command.env("RUST_LOG", "info");
     command
+}
+
+/// `run` against `db`, the test broker and `topic`, serving `/metrics` on
+/// `metrics_addr`; every other setting at its default unless the caller
+/// adds it.
+pub fn run_on(db: &TestDb, topic: &str, metrics_addr: &str) -> std::process::Command {
+    let mut command = binary();
+    command
+        .arg("run")
+        .env("DATABASE_URL", &db.url)
+        .env("KAFKA_BOOTSTRAP_SERVERS", kafka_bootstrap().join(","))
+        .env("KAFKA_TOPIC", topic)
+        .env("METRICS_ADDR", metrics_addr);
+    command
+}
+
+/// Sends `signal` (`STOP`, `CONT`, `KILL`) to `pid` with kill(1).
+pub fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// `name`'s value in the `/metrics` served on `addr` (0 when absent or
+/// not served). `name` is the whole series name, labels included.
+pub async fn metric(addr: &str, name: &str) -> f64 {
+    let Some((_, text)) = http_get(addr, "/metrics").await else {
+        return 0.0;
+    };
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0.0)
 }
 
 /// The libpq variables the binary reads.
