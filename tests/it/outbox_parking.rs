@@ -509,19 +509,28 @@ async fn claim_buffers(backlog: u32) -> u64 {
         "the claim took each partition's room:\n{}",
         plan.join("\n")
     );
-    // The statement's own buffers: the first "Buffers:" line is its total.
+    // The statement's own buffers: the first "Buffers:" line is its total,
+    // the pages found in shared buffers (hit) and those read into them
+    // (read) both.
     if std::env::var_os("SHOW_PLAN").is_some() {
         eprintln!("{}", plan.join("\n"));
     }
-    plan.iter()
-        .find_map(|l| {
-            let hit = l.trim().strip_prefix("Buffers: shared hit=")?;
-            hit.split(|c: char| !c.is_ascii_digit())
+    let total = plan
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("Buffers: shared "))
+        .unwrap_or_else(|| panic!("no buffers in:\n{}", plan.join("\n")));
+    ["hit=", "read="]
+        .iter()
+        .filter_map(|counter| {
+            total
+                .split(counter)
+                .nth(1)?
+                .split(|c: char| !c.is_ascii_digit())
                 .next()?
-                .parse()
+                .parse::<u64>()
                 .ok()
         })
-        .unwrap_or_else(|| panic!("no buffers in:\n{}", plan.join("\n")))
+        .sum()
 }
 
 /// A claim reads what it takes, not the backlog: with 200,000 rows of an
