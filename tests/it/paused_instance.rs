@@ -44,6 +44,12 @@ async fn an_instance_paused_past_its_lease_leaves_the_other_its_rows() {
         format!("127.0.0.1:{}", free_port()),
     );
     let mut a = start(&addr_a);
+    // A is the deadline waker before B starts: it expires the bookings and
+    // holds their rows (a follower would hold none).
+    wait_until("A is the waker", Duration::from_secs(15), || async {
+        metric(&addr_a, "crm_booking_expiration_expiry_waker").await == 1.0
+    })
+    .await;
     let mut b = start(&addr_b);
     // Pause A once it holds rows (written leased to it, claimed, or on
     // the way to the broker).
