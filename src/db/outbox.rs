@@ -517,23 +517,24 @@ pub async fn relayout(
     partitions: i32,
     limit: u32,
 ) -> Result<usize, DbError> {
+    // One branch per kind of row, each in a subquery of its own (FOR
+    // UPDATE is not allowed on a UNION's members).
+    let branch = |filter: &str| {
+        format!(
+            "SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
+               WHERE {CLAIMABLE} AND c.topic = $1 AND {filter} \
+               LIMIT $3 FOR UPDATE SKIP LOCKED) q"
+        )
+    };
     Ok(diesel::sql_query(format!(
         "UPDATE booking_expiration_outbox o \
             SET partition_count = $2, kafka_partition = o.key_hash % $2 \
           WHERE o.id = ANY (ARRAY( \
-                SELECT x.id FROM ( \
-                       SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
-                         WHERE {CLAIMABLE} AND c.topic = $1 AND c.partition_count IS NULL \
-                           AND c.key_hash IS NOT NULL LIMIT $3 FOR UPDATE SKIP LOCKED) q \
-                       UNION ALL \
-                       SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
-                         WHERE {CLAIMABLE} AND c.topic = $1 AND c.partition_count < $2 \
-                         LIMIT $3 FOR UPDATE SKIP LOCKED) q \
-                       UNION ALL \
-                       SELECT q.id FROM (SELECT c.id FROM booking_expiration_outbox c \
-                         WHERE {CLAIMABLE} AND c.topic = $1 AND c.partition_count > $2 \
-                         LIMIT $3 FOR UPDATE SKIP LOCKED) q) x \
-                 LIMIT $3))"
+                SELECT x.id FROM ({} UNION ALL {} UNION ALL {}) x \
+                 LIMIT $3))",
+        branch("c.partition_count IS NULL AND c.key_hash IS NOT NULL"),
+        branch("c.partition_count < $2"),
+        branch("c.partition_count > $2"),
     ))
     .bind::<Text, _>(topic)
     .bind::<Integer, _>(partitions)
