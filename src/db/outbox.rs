@@ -242,6 +242,14 @@ pub struct PartitionRoom {
     pub count: i32,
     pub partition: i32,
     pub room: u32,
+    /// Only rows with a greater id (0: from the partition's first row).
+    /// While a partition drains a backlog, each claim starts where the one
+    /// before it ended, so the rows it published (whose index entries stay
+    /// until VACUUM removes them) are not walked again: a claim costs what
+    /// it takes, not the rows drained before it. See
+    /// `Queues::claimed_through` for when the scan starts again from the
+    /// first row.
+    pub after: i64,
 }
 
 impl PartitionRoom {
@@ -256,8 +264,8 @@ const LEASE_FREE: &str = "(c.claimed_until IS NULL OR c.claimed_until < statemen
 
 /// The claim statement. `$1` the limit of the rows the partitions do not
 /// cover, `$2` the lease in milliseconds, `$3` topics to skip, `$4`/`$5`
-/// the routed topics and their counts, `$6`–`$9` the partitions (topic,
-/// count, partition, room), `$10` the lease's owner.
+/// the routed topics and their counts, `$6`–`$9` and `$11` the partitions
+/// (topic, count, partition, room, after), `$10` the lease's owner.
 ///
 /// The ids are gathered first (`ARRAY(…)`, locked as they are read) and the
 /// update finds them by primary key: a join would let the planner scan the
@@ -266,12 +274,15 @@ const LEASE_FREE: &str = "(c.claimed_until IS NULL OR c.claimed_until < statemen
 /// start and stops at its limit, whatever the backlog:
 ///
 /// - each listed partition: its rows written for the topic's current
-///   count, oldest first, up to its room;
+///   count past its `after`, oldest first, up to its room (the scan starts
+///   at `(topic, count, partition, after)`: `BETWEEN` is inclusive, so the
+///   index's start key takes the `id` bound too);
 /// - each routed topic: its rows written for another count (below it,
 ///   above it) or for none, in the index's order, within `$1`;
 /// - topics the publisher does not know yet (a `republish` to another
 ///   topic): found by a loose scan of the index's first column (one probe
-///   per topic), then their rows within `$1`.
+///   per topic) in the gaps between the routed topics, so that it never
+///   walks a routed topic's entries, then their rows within `$1`.
 fn claim_sql() -> &'static str {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         let take = |filter: &str, order: &str, limit: &str| {
@@ -293,7 +304,7 @@ fn claim_sql() -> &'static str {
         let layout_order = "c.partition_count, c.kafka_partition, c.id";
         let partition = take(
             "c.topic = s.topic AND c.partition_count = s.n \
-             AND c.kafka_partition BETWEEN s.p AND s.p",
+             AND c.kafka_partition BETWEEN s.p AND s.p AND c.id > s.after",
             "c.kafka_partition, c.id",
             "s.room",
         );
@@ -313,19 +324,31 @@ fn claim_sql() -> &'static str {
             "$1",
         );
         let unknown = take("c.topic = t.topic", layout_order, "$1");
+        // The loose scan for topics not routed probes only the gaps
+        // between routed topics (below the first, between two, above the
+        // last): a routed topic's own entries, among them those of every
+        // row it published until VACUUM removes them, are never walked.
+        let first =
+            format!("SELECT min(c.topic) FROM booking_expiration_outbox c WHERE {CLAIMABLE}");
+        let next = format!("{first} AND c.topic > t.topic");
         format!(
-            "WITH RECURSIVE topics(topic) AS ( \
-                  SELECT min(c.topic) FROM booking_expiration_outbox c WHERE {CLAIMABLE} \
+            "WITH RECURSIVE topics(topic, hi) AS ( \
+                  (SELECT CASE WHEN g.hi IS NULL THEN ({first}) ELSE ({first} AND c.topic < g.hi) END, \
+                          g.hi \
+                     FROM (SELECT min(r) AS hi FROM unnest($4::text[]) AS r) g \
+                   UNION ALL \
+                   SELECT r, lead(r) OVER (ORDER BY r) FROM unnest($4::text[]) AS r) \
                   UNION ALL \
-                  SELECT (SELECT min(c.topic) FROM booking_expiration_outbox c \
-                           WHERE {CLAIMABLE} AND c.topic > t.topic) \
+                  SELECT CASE WHEN t.hi IS NULL THEN ({next}) ELSE ({next} AND c.topic < t.hi) END, \
+                         t.hi \
                     FROM topics t WHERE t.topic IS NOT NULL) \
              UPDATE booking_expiration_outbox o \
                 SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond', \
                     claimed_by = $10 \
               WHERE o.id = ANY (ARRAY( \
                     SELECT x.id \
-                      FROM unnest($6::text[], $7::int[], $8::int[], $9::int[]) AS s(topic, n, p, room) \
+                      FROM unnest($6::text[], $7::int[], $8::int[], $9::int[], $11::bigint[]) \
+                           AS s(topic, n, p, room, after) \
                      CROSS JOIN LATERAL ({partition}) x \
                     UNION ALL \
                     SELECT y.id FROM ( \
@@ -376,6 +399,7 @@ fn claim_query(
                 .collect::<Vec<_>>(),
         )
         .bind::<SqlUuid, _>(owner.0)
+        .bind::<Array<BigInt>, _>(parts.iter().map(|p| p.after).collect::<Vec<_>>())
 }
 
 /// Leases the rows `claim` allows to `owner`: unpublished, unparked rows

@@ -71,6 +71,9 @@ pub(crate) struct PartitionQueue {
     /// After a refusal of several records: at most `cap` records per
     /// request until the `left` rows of the refused request are through.
     split: Option<(usize, usize)>,
+    /// The next claim asks for this partition's rows past this id (0: from
+    /// its first row), see [`crate::db::outbox::PartitionRoom::after`].
+    pub(crate) claim_after: i64,
 }
 
 impl PartitionQueue {
@@ -83,6 +86,7 @@ impl PartitionQueue {
             retry: Backoff::with_rng(timing.retry_first, timing.retry_max, rng),
             failing: None,
             split: None,
+            claim_after: 0,
         }
     }
 

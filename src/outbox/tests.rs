@@ -285,6 +285,43 @@ async fn a_partition_draining_a_backlog_holds_back_no_other() {
     rig.stop().await;
 }
 
+/// A row that becomes claimable behind a draining partition's scan (the
+/// lease of a row written for an instance that died ends mid-drain) is not
+/// lost: while the backlog lasts each claim goes on past the last row the
+/// one before it took, and once a claim comes back short the next starts at
+/// the partition's first row again and finds it, after the backlog it was
+/// behind (as a row written at that moment would be).
+#[tokio::test(start_paused = true)]
+async fn a_row_freed_behind_a_draining_scan_is_published_after_the_backlog() {
+    const BACKLOG: usize = 30_000;
+    let mut rig = Rig::start(1, 400, Timing::default());
+    let key = rig.keys.of(0, 1);
+    // The oldest row, leased to an instance that never sends it.
+    let lease_ends = Instant::now() + Timing::default().lease;
+    rig.store
+        .insert_leased(TOPIC, &key, Timing::default().lease);
+    rig.transport
+        .answer(TOPIC, 0, Answer::AckAfter(Duration::from_millis(100)));
+    rig.commit(BACKLOG);
+    until("the backlog drains", Duration::from_secs(120), || {
+        rig.store.unpublished() == 0
+    })
+    .await;
+    let written = rig.transport.written();
+    let at = written
+        .iter()
+        .position(|w| w.record.key == key)
+        .expect("the row freed behind the scan is published");
+    let last_of_backlog = written.iter().rev().find(|w| w.record.key != key);
+    assert!(
+        last_of_backlog.is_some_and(|w| w.at > lease_ends + Duration::from_secs(5)),
+        "the lease ended mid-drain"
+    );
+    assert_eq!(at, BACKLOG, "after the backlog it was behind");
+    assert_eq!(most_copies(&written), 1);
+    rig.stop().await;
+}
+
 /// The second case: partition 0's requests take 25 s (its only
 /// follower frozen, still in the ISR). The others go on; partition 0's
 /// request is never sent again while it may still be written.

@@ -197,6 +197,7 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
         count: 2,
         partition,
         room: 100,
+        after: 0,
     };
     let owner = LeaseOwner::new();
     let claim = Claim {
@@ -446,6 +447,13 @@ async fn a_request_too_large_for_the_topic_is_split_until_each_record_fits() {
     );
 }
 
+/// The buffers a claim may read per row it takes (the row's index
+/// entries, its heap page, the update's lookups in every index) and once
+/// per statement (the descents of each branch): the bound of the claim's
+/// cost tests below.
+const BUFFERS_PER_ROW: u64 = 15;
+const BUFFERS_FIXED: u64 = 100;
+
 /// The buffers one claim reads (`EXPLAIN (ANALYZE, BUFFERS)`, rolled
 /// back): a claim of partitions 1 and 2, 100 rows each, over an outbox
 /// whose partition 0 (one that cannot be written) holds `backlog` rows
@@ -471,6 +479,7 @@ async fn claim_buffers(backlog: u32) -> u64 {
         count: 3,
         partition,
         room: 100,
+        after: 0,
     };
     let claim = Claim {
         limit: 100,
@@ -482,12 +491,21 @@ async fn claim_buffers(backlog: u32) -> u64 {
         partitions: vec![room(1), room(2)],
         ..Claim::default()
     };
+    let (rows, buffers, plan) = claim_plan(&db, &claim).await;
+    assert_eq!(rows, 200, "the claim took each partition's room:\n{plan}");
+    buffers
+}
+
+/// `claim` under `EXPLAIN (ANALYZE, BUFFERS)`, rolled back: the rows it
+/// took, the buffers it read (found in shared buffers or read into them),
+/// and the plan.
+async fn claim_plan(db: &TestDb, claim: &Claim) -> (u64, u64, String) {
     let mut conn = db.conn().await;
     // The plan runs the claim: in a transaction never committed.
     diesel_async::AsyncConnection::begin_test_transaction(&mut conn)
         .await
         .expect("begin");
-    let plan = outbox::explain_claim(&mut conn, &claim, "(ANALYZE, BUFFERS)")
+    let plan = outbox::explain_claim(&mut conn, claim, "(ANALYZE, BUFFERS)")
         .await
         .unwrap();
     let rows = plan
@@ -503,23 +521,18 @@ async fn claim_buffers(backlog: u32) -> u64 {
                 .ok()
         })
         .unwrap_or(0);
-    assert_eq!(
-        rows,
-        200,
-        "the claim took each partition's room:\n{}",
-        plan.join("\n")
-    );
+    let plan = plan.join("\n");
+    if std::env::var_os("SHOW_PLAN").is_some() {
+        eprintln!("{plan}");
+    }
     // The statement's own buffers: the first "Buffers:" line is its total,
     // the pages found in shared buffers (hit) and those read into them
     // (read) both.
-    if std::env::var_os("SHOW_PLAN").is_some() {
-        eprintln!("{}", plan.join("\n"));
-    }
     let total = plan
-        .iter()
+        .lines()
         .find_map(|l| l.trim().strip_prefix("Buffers: shared "))
-        .unwrap_or_else(|| panic!("no buffers in:\n{}", plan.join("\n")));
-    ["hit=", "read="]
+        .unwrap_or_else(|| panic!("no buffers in:\n{plan}"));
+    let buffers = ["hit=", "read="]
         .iter()
         .filter_map(|counter| {
             total
@@ -530,7 +543,130 @@ async fn claim_buffers(backlog: u32) -> u64 {
                 .parse::<u64>()
                 .ok()
         })
-        .sum()
+        .sum();
+    (rows, buffers, plan)
+}
+
+/// A partition draining a backlog is claimed where its last claim ended:
+/// with 100,000 of its rows published ahead of its next 100 (their entries
+/// stay in the claim index, dead, until VACUUM removes them; autovacuum is
+/// off for the table here), a claim past the last published id reads what
+/// it takes, within the bound of
+/// [`a_claim_reads_what_it_takes_not_the_backlog`]; the same claim from the
+/// partition's first row walks the published rows (the test's control:
+/// more than twice the bound; 4,863 buffers when written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_claim_starts_where_the_last_one_ended() {
+    let bound = 100 * BUFFERS_PER_ROW + BUFFERS_FIXED;
+    let db = TestDb::new().await;
+    db.exec_sql("ALTER TABLE booking_expiration_outbox SET (autovacuum_enabled = false)")
+        .await;
+    db.exec_sql(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at) \
+         SELECT gen_random_uuid(), 't', g::text, 1, 3, 1, '\\x00', '{}', gen_random_uuid(), \
+                gen_random_uuid(), now() \
+         FROM generate_series(1, 100100) AS g",
+    )
+    .await;
+    db.exec_sql("ANALYZE booking_expiration_outbox").await;
+    db.exec_sql(
+        "UPDATE booking_expiration_outbox SET published_at = now() \
+          WHERE id < (SELECT min(id) + 100000 FROM booking_expiration_outbox)",
+    )
+    .await;
+    let last = db
+        .count("SELECT max(id) AS n FROM booking_expiration_outbox WHERE published_at IS NOT NULL")
+        .await;
+    let claim = |after| Claim {
+        limit: 100,
+        lease: Duration::from_secs(15),
+        routed_topics: vec![outbox::RoutedTopic {
+            topic: "t".to_owned(),
+            count: 3,
+        }],
+        partitions: vec![outbox::PartitionRoom {
+            topic: "t".to_owned(),
+            count: 3,
+            partition: 1,
+            room: 100,
+            after,
+        }],
+        ..Claim::default()
+    };
+    let (rows, past, plan) = claim_plan(&db, &claim(last)).await;
+    assert_eq!(rows, 100, "{plan}");
+    let (rows, from_start, plan) = claim_plan(&db, &claim(0)).await;
+    assert_eq!(rows, 100, "{plan}");
+    eprintln!(
+        "FIGURES claim-after: a claim of 100 rows behind 100,000 published ones reads {past} \
+         buffers past the last one claimed, {from_start} from the partition's first row"
+    );
+    assert!(past <= bound, "{past} buffers, bound {bound}");
+    assert!(
+        from_start > 2 * bound,
+        "{from_start} buffers from the start"
+    );
+}
+
+/// Rows of topics the publisher has not routed are found wherever their
+/// topic sorts (below, between and above the routed ones), and the search
+/// for them never walks a routed topic's entries: with 100,000 published
+/// rows of each routed topic still in the index (autovacuum off), a claim
+/// with no partition room reads at most [`BUFFERS_PER_ROW`] per row it
+/// takes plus [`BUFFERS_FIXED`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_not_routed_are_found_in_the_gaps_between_the_routed_ones() {
+    let db = TestDb::new().await;
+    db.exec_sql("ALTER TABLE booking_expiration_outbox SET (autovacuum_enabled = false)")
+        .await;
+    // 100,000 rows of each routed topic, published; then one unpublished
+    // row of each routed topic and two of each topic not routed.
+    db.exec_sql(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at, published_at) \
+         SELECT gen_random_uuid(), t, g::text, 0, 1, 0, '\\x00', '{}', gen_random_uuid(), \
+                gen_random_uuid(), now(), CASE WHEN g <= 100000 THEN now() END \
+         FROM unnest(ARRAY['k', 't']) AS t, generate_series(1, 100001) AS g",
+    )
+    .await;
+    db.exec_sql(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at) \
+         SELECT gen_random_uuid(), t, g::text, 0, 1, 0, '\\x00', '{}', gen_random_uuid(), \
+                gen_random_uuid(), now() \
+         FROM unnest(ARRAY['a', 'm', 'z']) AS t, generate_series(1, 2) AS g",
+    )
+    .await;
+    db.exec_sql("ANALYZE booking_expiration_outbox").await;
+    let routed = |topics: &[&str]| Claim {
+        limit: 100,
+        lease: Duration::from_secs(15),
+        routed_topics: topics
+            .iter()
+            .map(|topic| outbox::RoutedTopic {
+                topic: (*topic).to_owned(),
+                count: 1,
+            })
+            .collect(),
+        ..Claim::default()
+    };
+    let (rows, buffers, plan) = claim_plan(&db, &routed(&["k", "t"])).await;
+    assert_eq!(rows, 6, "two rows of each topic not routed:\n{plan}");
+    let bound = 6 * BUFFERS_PER_ROW + BUFFERS_FIXED;
+    eprintln!("FIGURES claim-unrouted: {buffers} buffers for 6 rows of 3 topics not routed");
+    assert!(
+        buffers <= bound,
+        "{buffers} buffers, bound {bound}:\n{plan}"
+    );
+    // Every topic routed: nothing to find; none routed: every row.
+    let (rows, _, plan) = claim_plan(&db, &routed(&["a", "k", "m", "t", "z"])).await;
+    assert_eq!(rows, 0, "{plan}");
+    let (rows, _, plan) = claim_plan(&db, &routed(&[])).await;
+    assert_eq!(rows, 8, "{plan}");
 }
 
 /// A claim reads what it takes, not the backlog: with 200,000 rows of an
@@ -543,8 +679,6 @@ async fn claim_buffers(backlog: u32) -> u64 {
 /// level from 20,000 to 200,000 rows): logarithmic, within the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_reads_what_it_takes_not_the_backlog() {
-    const BUFFERS_PER_ROW: u64 = 15;
-    const BUFFERS_FIXED: u64 = 100;
     let bound = 200 * BUFFERS_PER_ROW + BUFFERS_FIXED;
     let small = claim_buffers(20_000).await;
     let large = claim_buffers(200_000).await;
@@ -570,7 +704,7 @@ async fn a_claim_reads_what_it_takes_not_the_backlog() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "writes 2,000,000 rows: run alone by scripts/test.sh"]
 async fn claim_plans_at_20k_and_2m_rows() {
-    let bound = 200 * 15 + 100;
+    let bound = 200 * BUFFERS_PER_ROW + BUFFERS_FIXED;
     for rows in [20_000, 2_000_000] {
         let buffers = claim_buffers(rows).await;
         eprintln!("FIGURES claim-plan: {buffers} buffers for a claim of 200 rows over {rows} rows");

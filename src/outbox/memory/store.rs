@@ -1,6 +1,6 @@
 //! [`MemoryStore`]: an outbox in memory, with the claim's rules (oldest
-//! first within each partition, each partition up to its room, leases,
-//! skipped topics).
+//! first within each partition past where its last scan stopped, each
+//! partition up to its room, leases, skipped topics).
 
 use std::{
     collections::BTreeMap,
@@ -293,6 +293,10 @@ impl Store for MemoryStore {
                             // A partition without room.
                             continue;
                         };
+                        if *id <= claim.partitions[i].after {
+                            // Behind the partition's scan.
+                            continue;
+                        }
                         (
                             &mut taken[i],
                             claim.partitions[i].room,

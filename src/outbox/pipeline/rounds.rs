@@ -119,12 +119,18 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                 if self.reports.recovered("database") {
                     tracing::info!("outbox database rounds succeed again");
                 }
-                if round
-                    .claim
-                    .as_ref()
-                    .is_some_and(|claim| filled(claim, &rows))
-                {
-                    self.more = true;
+                if let Some(claim) = &round.claim {
+                    let took = Took::of(claim, &rows);
+                    if took.filled(claim) {
+                        self.more = true;
+                    }
+                    for (asked, (taken, last)) in claim.partitions.iter().zip(took.partitions) {
+                        self.queues.claimed_through(asked, taken, last);
+                    }
+                }
+                for (topic, _) in &round.layouts {
+                    // Rows laid out into its partitions, behind their scans.
+                    self.queues.claim_from_start(topic);
                 }
                 self.done.parked += round.parked.len() as u64;
                 for row in rows {
@@ -185,29 +191,48 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
     }
 }
 
-/// Whether a claim took all it asked for somewhere (more rows may wait):
-/// a partition its whole room, or the unrouted rows their limit.
-fn filled(claim: &Claim, rows: &[LeasedRow]) -> bool {
-    let mut taken = vec![0u32; claim.partitions.len()];
-    let mut unrouted = 0u32;
-    for row in rows {
-        // A row of its partition's branch: written for the count the
-        // claim asked with. The others came within `limit`.
-        let partition = row.key_hash.and_then(|hash| {
-            claim
+/// What a claim took: per partition it asked, how many rows and the
+/// greatest id among them; and the rows outside the partitions' branches.
+struct Took {
+    partitions: Vec<(u32, i64)>,
+    unrouted: u32,
+}
+
+impl Took {
+    fn of(claim: &Claim, rows: &[LeasedRow]) -> Self {
+        let mut took = Self {
+            partitions: vec![(0, 0); claim.partitions.len()],
+            unrouted: 0,
+        };
+        for row in rows {
+            // A row of its partition's branch: written for the count the
+            // claim asked with. The others came within `limit`.
+            let partition = row.key_hash.and_then(|hash| {
+                claim
+                    .partitions
+                    .iter()
+                    .position(|p| row.partition_count == Some(p.count) && p.holds(&row.topic, hash))
+            });
+            match partition {
+                Some(i) => {
+                    let (taken, last) = &mut took.partitions[i];
+                    *taken += 1;
+                    *last = (*last).max(row.id);
+                }
+                None => took.unrouted += 1,
+            }
+        }
+        took
+    }
+
+    /// Whether the claim took all it asked for somewhere (more rows may
+    /// wait): a partition its whole room, or the unrouted rows their limit.
+    fn filled(&self, claim: &Claim) -> bool {
+        self.unrouted >= claim.limit
+            || claim
                 .partitions
                 .iter()
-                .position(|p| row.partition_count == Some(p.count) && p.holds(&row.topic, hash))
-        });
-        match partition {
-            Some(i) => taken[i] += 1,
-            None => unrouted += 1,
-        }
+                .zip(&self.partitions)
+                .any(|(p, (taken, _))| *taken >= p.room)
     }
-    unrouted >= claim.limit
-        || claim
-            .partitions
-            .iter()
-            .zip(taken)
-            .any(|(p, taken)| taken >= p.room)
 }

@@ -351,11 +351,42 @@ impl Queues {
                         count,
                         partition: partition as i32,
                         room: u32::try_from(free).unwrap_or(u32::MAX),
+                        after: queue.claim_after,
                     }),
                 }
             }
         }
         room
+    }
+
+    /// A claim `asked` a partition for its room and took `taken` rows, the
+    /// greatest id of them `last`. A claim that took its whole room stopped inside a backlog:
+    /// the next one goes on past `last`. One that took less came to the end
+    /// of the partition's claimable rows, and the next starts at its first
+    /// row again. So a row that became claimable behind the scan (its
+    /// lease ended unsent, it was released, put back from the parked rows,
+    /// or committed after a row with a greater id) is found once the
+    /// partition's backlog is through: no later than a row written at that
+    /// moment would be.
+    pub(crate) fn claimed_through(&mut self, asked: &PartitionRoom, taken: u32, last: i64) {
+        let queue = self
+            .topics
+            .get_mut(&asked.topic)
+            .filter(|t| t.partitions.len() == usize::try_from(asked.count).unwrap_or(0))
+            .and_then(|t| t.partitions.get_mut(usize::try_from(asked.partition).ok()?));
+        if let Some(queue) = queue {
+            queue.claim_after = if taken >= asked.room { last } else { 0 };
+        }
+    }
+
+    /// The next claim of each partition of `topic` starts at its first row
+    /// (rows were laid out into its partitions behind their scans).
+    pub(crate) fn claim_from_start(&mut self, topic: &str) {
+        if let Some(t) = self.topics.get_mut(topic) {
+            for queue in &mut t.partitions {
+                queue.claim_after = 0;
+            }
+        }
     }
 
     /// Partitions (and topics) whose last try failed and whose rows wait:

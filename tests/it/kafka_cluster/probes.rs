@@ -64,6 +64,7 @@ pub(super) async fn claim_cost(db: &TestDb, topic: &str) -> String {
         count: 3,
         partition,
         room: 500,
+        after: 0,
     };
     let claim = db::outbox::Claim {
         limit: 500,
