@@ -245,12 +245,9 @@ async fn the_claim_skips_parked_rows_through_its_partial_index() {
     // partition 1, each born with its partition (as the writers give it
     // once the topic's layout is known); a claim of 100 a partition takes
     // 100 and the 10.
-    db.exec_sql(
-        "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
-            headers, correlation_id, tenant_id, created_at) \
-         SELECT gen_random_uuid(), 't', g::text, h, 2, h % 2, \
-                '\\x00', '{}', gen_random_uuid(), gen_random_uuid(), now() \
+    insert_rows(
+        &db,
+        "SELECT 't', g::text, h, 2, h % 2, NULL::timestamptz \
          FROM generate_series(1, 1010) AS g, \
               LATERAL (SELECT CASE WHEN g <= 1000 THEN 2 * g ELSE 2 * g + 1 END AS h) k",
     )
@@ -454,6 +451,24 @@ async fn a_request_too_large_for_the_topic_is_split_until_each_record_fits() {
 const BUFFERS_PER_ROW: u64 = 15;
 const BUFFERS_FIXED: u64 = 100;
 
+/// Writes outbox rows straight into the table, one per row of `rows`: a
+/// query of (topic, message_key, key_hash, partition_count,
+/// kafka_partition, published_at); the rest as the tests need it (a
+/// one-byte payload, no headers, fresh ids, created now).
+async fn insert_rows(db: &TestDb, rows: &str) {
+    db.exec_sql(&format!(
+        "INSERT INTO booking_expiration_outbox \
+           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
+            headers, correlation_id, tenant_id, created_at, published_at) \
+         SELECT gen_random_uuid(), r.topic, r.message_key, r.key_hash, r.partition_count, \
+                r.kafka_partition, '\\x00', '{{}}', gen_random_uuid(), gen_random_uuid(), now(), \
+                r.published_at \
+           FROM ({rows}) AS r(topic, message_key, key_hash, partition_count, kafka_partition, \
+                              published_at)"
+    ))
+    .await;
+}
+
 /// The buffers one claim reads (`EXPLAIN (ANALYZE, BUFFERS)`, rolled
 /// back): a claim of partitions 1 and 2, 100 rows each, over an outbox
 /// whose partition 0 (one that cannot be written) holds `backlog` rows
@@ -462,15 +477,14 @@ async fn claim_buffers(backlog: u32) -> u64 {
     let db = TestDb::new().await;
     // Partition 0's backlog first (the oldest ids), then 100 rows of each
     // other partition, every row born with its partition.
-    db.exec_sql(&format!(
-        "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
-            headers, correlation_id, tenant_id, created_at) \
-         SELECT gen_random_uuid(), 't', g::text, p, 3, p, '\\x00', '{{}}', gen_random_uuid(), \
-                gen_random_uuid(), now() \
-         FROM generate_series(1, {backlog} + 200) AS g, \
-              LATERAL (SELECT CASE WHEN g <= {backlog} THEN 0 ELSE 1 + g % 2 END AS p) k"
-    ))
+    insert_rows(
+        &db,
+        &format!(
+            "SELECT 't', g::text, p, 3, p, NULL::timestamptz \
+             FROM generate_series(1, {backlog} + 200) AS g, \
+                  LATERAL (SELECT CASE WHEN g <= {backlog} THEN 0 ELSE 1 + g % 2 END AS p) k"
+        ),
+    )
     .await;
     db.exec_sql("VACUUM ANALYZE booking_expiration_outbox")
         .await;
@@ -561,13 +575,9 @@ async fn a_draining_claim_starts_where_the_last_one_ended() {
     let db = TestDb::new().await;
     db.exec_sql("ALTER TABLE booking_expiration_outbox SET (autovacuum_enabled = false)")
         .await;
-    db.exec_sql(
-        "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
-            headers, correlation_id, tenant_id, created_at) \
-         SELECT gen_random_uuid(), 't', g::text, 1, 3, 1, '\\x00', '{}', gen_random_uuid(), \
-                gen_random_uuid(), now() \
-         FROM generate_series(1, 100100) AS g",
+    insert_rows(
+        &db,
+        "SELECT 't', g::text, 1, 3, 1, NULL::timestamptz FROM generate_series(1, 100100) AS g",
     )
     .await;
     db.exec_sql("ANALYZE booking_expiration_outbox").await;
@@ -623,21 +633,15 @@ async fn topics_not_routed_are_found_in_the_gaps_between_the_routed_ones() {
         .await;
     // 100,000 rows of each routed topic, published; then one unpublished
     // row of each routed topic and two of each topic not routed.
-    db.exec_sql(
-        "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
-            headers, correlation_id, tenant_id, created_at, published_at) \
-         SELECT gen_random_uuid(), t, g::text, 0, 1, 0, '\\x00', '{}', gen_random_uuid(), \
-                gen_random_uuid(), now(), CASE WHEN g <= 100000 THEN now() END \
+    insert_rows(
+        &db,
+        "SELECT t, g::text, 0, 1, 0, CASE WHEN g <= 100000 THEN now() END \
          FROM unnest(ARRAY['k', 't']) AS t, generate_series(1, 100001) AS g",
     )
     .await;
-    db.exec_sql(
-        "INSERT INTO booking_expiration_outbox \
-           (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
-            headers, correlation_id, tenant_id, created_at) \
-         SELECT gen_random_uuid(), t, g::text, 0, 1, 0, '\\x00', '{}', gen_random_uuid(), \
-                gen_random_uuid(), now() \
+    insert_rows(
+        &db,
+        "SELECT t, g::text, 0, 1, 0, NULL::timestamptz \
          FROM unnest(ARRAY['a', 'm', 'z']) AS t, generate_series(1, 2) AS g",
     )
     .await;
