@@ -293,7 +293,7 @@ async fn a_partition_draining_a_backlog_holds_back_no_other() {
 /// behind (as a row written at that moment would be).
 #[tokio::test(start_paused = true)]
 async fn a_row_freed_behind_a_draining_scan_is_published_after_the_backlog() {
-    const BACKLOG: usize = 30_000;
+    const BACKLOG: usize = 8_000;
     let mut rig = Rig::start(1, 400, Timing::default());
     let key = rig.keys.of(0, 1);
     // The oldest row, leased to an instance that never sends it.
@@ -301,7 +301,7 @@ async fn a_row_freed_behind_a_draining_scan_is_published_after_the_backlog() {
     rig.store
         .insert_leased(TOPIC, &key, Timing::default().lease);
     rig.transport
-        .answer(TOPIC, 0, Answer::AckAfter(Duration::from_millis(100)));
+        .answer(TOPIC, 0, Answer::AckAfter(Duration::from_millis(500)));
     rig.commit(BACKLOG);
     until("the backlog drains", Duration::from_secs(120), || {
         rig.store.unpublished() == 0
