@@ -331,16 +331,19 @@ fn claim_sql() -> &'static str {
         let first =
             format!("SELECT min(c.topic) FROM booking_expiration_outbox c WHERE {CLAIMABLE}");
         let next = format!("{first} AND c.topic > t.topic");
+        // A probe bounded above by the next routed topic, if any.
+        let bounded = |probe: &str, hi: &str| {
+            format!("CASE WHEN {hi} IS NULL THEN ({probe}) ELSE ({probe} AND c.topic < {hi}) END")
+        };
+        let (first, next) = (bounded(&first, "g.hi"), bounded(&next, "t.hi"));
         format!(
             "WITH RECURSIVE topics(topic, hi) AS ( \
-                  (SELECT CASE WHEN g.hi IS NULL THEN ({first}) ELSE ({first} AND c.topic < g.hi) END, \
-                          g.hi \
+                  (SELECT {first}, g.hi \
                      FROM (SELECT min(r) AS hi FROM unnest($4::text[]) AS r) g \
                    UNION ALL \
                    SELECT r, lead(r) OVER (ORDER BY r) FROM unnest($4::text[]) AS r) \
                   UNION ALL \
-                  SELECT CASE WHEN t.hi IS NULL THEN ({next}) ELSE ({next} AND c.topic < t.hi) END, \
-                         t.hi \
+                  SELECT {next}, t.hi \
                     FROM topics t WHERE t.topic IS NOT NULL) \
              UPDATE booking_expiration_outbox o \
                 SET claimed_until = statement_timestamp() + $2 * interval '1 millisecond', \

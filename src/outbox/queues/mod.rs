@@ -360,14 +360,14 @@ impl Queues {
     }
 
     /// A claim `asked` a partition for its room and took `taken` rows, the
-    /// greatest id of them `last`. A claim that took its whole room stopped inside a backlog:
-    /// the next one goes on past `last`. One that took less came to the end
-    /// of the partition's claimable rows, and the next starts at its first
-    /// row again. So a row that became claimable behind the scan (its
-    /// lease ended unsent, it was released, put back from the parked rows,
-    /// or committed after a row with a greater id) is found once the
-    /// partition's backlog is through: no later than a row written at that
-    /// moment would be.
+    /// greatest id of them `last`. A claim that took its whole room stopped
+    /// inside a backlog: the next one goes on past `last`. One that took
+    /// less came to the end of the partition's claimable rows, and the next
+    /// starts at its first row again. So a row that became claimable behind
+    /// the scan (its lease ended unsent, it was released, put back from the
+    /// parked rows, or committed after a row with a greater id) is found
+    /// once the partition's backlog is through: no later than a row written
+    /// at that moment would be.
     pub(crate) fn claimed_through(&mut self, asked: &PartitionRoom, taken: u32, last: i64) {
         let queue = self
             .topics
