@@ -70,6 +70,11 @@ auth_type = scram-sha-256
 auth_file = $dir/userlist.txt
 pool_mode = transaction
 default_pool_size = $pool_size
+; Idle server connections in turn (FIFO), not the last one used: a client's
+; exchanges outside a transaction reach different server connections, so a
+; statement prepared in one exchange and run in the next fails at once
+; ("prepared statement ... does not exist") instead of now and then.
+server_round_robin = 1
 max_client_conn = 500
 server_lifetime = 3600
 ignore_startup_parameters = extra_float_digits

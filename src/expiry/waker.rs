@@ -18,6 +18,7 @@ use std::{
     time::Duration,
 };
 
+use diesel_async::AsyncConnection;
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -105,7 +106,11 @@ pub async fn keep_lease(
         let backlog = waker.backlog.load(Ordering::Relaxed);
         let look = tokio::time::timeout(LEASE, async {
             let mut conn = pool.get().await?;
-            db::waker::hold(&mut conn, me, LEASE, backlog).await
+            // Every unit of work is a transaction (see `db`): through a
+            // transaction pooler, a statement outside one is prepared on one
+            // server connection and run on another.
+            conn.transaction(async |conn| db::waker::hold(conn, me, LEASE, backlog).await)
+                .await
         })
         .await;
         match look {
@@ -153,7 +158,8 @@ pub async fn keep_lease(
         waker.set(false, false);
         let given = async {
             let mut conn = pool.get().await?;
-            db::waker::give_up(&mut conn, me).await
+            conn.transaction(async |conn| db::waker::give_up(conn, me).await)
+                .await
         };
         if let Ok(Err(error)) = tokio::time::timeout(LEASE, given).await {
             tracing::warn!(error = %ErrorChain(&error), "the deadline waker's lease not given up; it runs out by itself");
