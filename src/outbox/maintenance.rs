@@ -17,13 +17,18 @@ use crate::{
 
 /// How often the lag gauges are refreshed, at most.
 pub const STATS_INTERVAL: Duration = Duration::from_secs(5);
-/// A refresh waits at least this many times as long as the last one took:
+/// A refresh waits at least this many times as long as the last count took:
 /// counting the unpublished rows reads every one of them, so a backlog of
 /// millions (an outage's) would otherwise spend a core on its own gauge
-/// while it drains. The count costs at most 1/`STATS_PAUSE_FACTOR` of one
-/// connection's time, whatever the backlog (2,000,000 rows: about a second
-/// per count, a count a minute).
+/// while it drains. Up to [`STATS_PAUSE_MAX`], the count costs at most
+/// 1/`STATS_PAUSE_FACTOR` of one connection's time, whatever the backlog.
 const STATS_PAUSE_FACTOR: u32 = 50;
+/// The longest pause between two refreshes: the gauges are what the lag
+/// alerts read (5 min windows), so they are never older than this plus one
+/// count. A count that took longer than `STATS_PAUSE_MAX /
+/// STATS_PAUSE_FACTOR` (1.2 s: about 2,000,000 unpublished rows, warm) costs
+/// more than 1/50 of a connection from there on.
+const STATS_PAUSE_MAX: Duration = Duration::from_secs(60);
 /// How often published rows past the retention are swept.
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(60);
 /// Rows deleted per statement by the sweep.
@@ -74,42 +79,56 @@ impl LagStats {
 
     /// Reads the outbox lag once and sets the gauges.
     pub async fn run_once(&self) -> Result<outbox::OutboxStats, DbError> {
+        Ok(self.refresh().await?.0)
+    }
+
+    /// [`Self::run_once`], and how long the count itself took (not the wait
+    /// for a connection).
+    async fn refresh(&self) -> Result<(outbox::OutboxStats, Duration), DbError> {
         let mut conn = self.pool.get().await?;
+        let started = tokio::time::Instant::now();
         // Every unit of work is a transaction (see `db`), a read too.
         let stats = conn
             .transaction(async |conn| outbox::stats(conn).await)
             .await?;
+        let took = started.elapsed();
         self.metrics.outbox_unpublished.set(stats.unpublished);
         self.metrics.outbox_parked.set(stats.parked);
         let age = stats
             .oldest_unpublished_at
             .map_or(0, |oldest| (self.clock.now() - oldest).num_seconds().max(0));
         self.metrics.outbox_oldest_unpublished_age_seconds.set(age);
-        Ok(stats)
+        Ok((stats, took))
     }
 
     /// [`Self::run_once`] at once, then after [`stats_pause`] each time,
-    /// until `shutdown`.
+    /// until `shutdown`. A failed refresh is tried again after
+    /// [`STATS_INTERVAL`]: how long it took (a database that was down, a
+    /// pool with no connection free) says nothing of what a count costs.
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
-            let started = tokio::time::Instant::now();
-            if let Err(error) = self.run_once().await {
-                tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-            }
+            let pause = match self.refresh().await {
+                Ok((_, took)) => stats_pause(took),
+                Err(error) => {
+                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+                    STATS_INTERVAL
+                }
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(stats_pause(started.elapsed())) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
 }
 
-/// The pause after a refresh of the lag that took `took`:
-/// [`STATS_INTERVAL`], or [`STATS_PAUSE_FACTOR`] times `took` when that is
-/// longer.
+/// The pause after a count of the lag that took `took`:
+/// [`STATS_PAUSE_FACTOR`] times `took`, within [`STATS_INTERVAL`] and
+/// [`STATS_PAUSE_MAX`].
 fn stats_pause(took: Duration) -> Duration {
-    STATS_INTERVAL.max(took.saturating_mul(STATS_PAUSE_FACTOR))
+    took.saturating_mul(STATS_PAUSE_FACTOR)
+        .clamp(STATS_INTERVAL, STATS_PAUSE_MAX)
 }
 
 /// Deletes published rows older than the retention.
@@ -183,11 +202,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slow_count_of_the_lag_waits_in_proportion() {
+    fn a_slow_count_of_the_lag_waits_in_proportion_up_to_a_minute() {
         let ms = Duration::from_millis;
         assert_eq!(stats_pause(ms(3)), STATS_INTERVAL);
         assert_eq!(stats_pause(ms(100)), STATS_INTERVAL);
-        assert_eq!(stats_pause(ms(1_200)), Duration::from_secs(60));
-        assert_eq!(stats_pause(Duration::MAX), Duration::MAX);
+        assert_eq!(stats_pause(ms(400)), Duration::from_secs(20));
+        assert_eq!(stats_pause(ms(1_200)), STATS_PAUSE_MAX);
+        assert_eq!(stats_pause(Duration::from_secs(12)), STATS_PAUSE_MAX);
+        assert_eq!(stats_pause(Duration::MAX), STATS_PAUSE_MAX);
     }
 }

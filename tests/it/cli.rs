@@ -473,6 +473,36 @@ async fn a_publisher_only_instance_stops_without_waiting_out_the_grace() {
     );
 }
 
+/// Invariant: an instance that only expires (`NO_PUBLISHER=true`) still
+/// reports the outbox lag: with no publisher anywhere, the rows it wrote
+/// show in `outbox_unpublished` and the oldest one's age grows, so the lag
+/// alerts fire (docs/runbooks/outbox-backlog.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_only_instance_reports_the_outbox_lag() {
+    const DUE: u64 = 40;
+    let db = TestDb::new().await;
+    db.seed_due(DUE, wall_now()).await;
+    let topic = create_topic(3).await;
+    let addr = format!("127.0.0.1:{}", free_port());
+    let mut command = run_on(&db, &topic, &addr);
+    command.env("NO_PUBLISHER", "true");
+    let mut running = Running::spawn(command);
+    let unpublished = "crm_booking_expiration_outbox_unpublished";
+    let age = "crm_booking_expiration_outbox_oldest_unpublished_age_seconds";
+    // The first count runs at start, the next ones 5 s apart.
+    wait_until(
+        "the lag gauges to show the rows",
+        Duration::from_secs(30),
+        || async {
+            metric(&addr, unpublished).await == DUE as f64 && metric(&addr, age).await >= 1.0
+        },
+    )
+    .await;
+    assert_eq!(db.published().await, 0, "no instance publishes");
+    running.terminate();
+    assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_endpoints_and_stops_gracefully_on_sigterm() {
     let db = TestDb::new().await;
