@@ -6,7 +6,8 @@
 //! every [`PROBE_INTERVAL`](super::wake::PROBE_INTERVAL), so a deadline
 //! written meanwhile is not left for the tick. The loop is sequential, so a
 //! cycle never overlaps the next; ticks missed while a cycle ran are
-//! skipped, not queued. What to wait for is decided by the pure
+//! skipped, not queued. A failed cycle is tried again after a backoff
+//! that doubles up to the interval. What to wait for is decided by the pure
 //! [`next_wake`] and [`backlog_left`]; this task only sleeps, probes, runs
 //! cycles and stops. It also carries each phase's [`Sweep`] from cycle to
 //! cycle (poison rows are passed over, not read by every cycle), and while
@@ -22,10 +23,10 @@ use super::{
     CycleError, CycleStart, ExpiryWorker,
     skew::{SkewWarnings, WARN_EVERY},
     sweep::Sweep,
-    wake::{WakeInputs, WakeReason, backlog_left, next_wake},
+    wake::{RETRY_FIRST, WakeInputs, WakeReason, backlog_left, next_wake},
     waker::{Waker, keep_lease},
 };
-use crate::{context::TaskContext, telemetry::ErrorChain};
+use crate::{context::TaskContext, outbox::Backoff, telemetry::ErrorChain};
 
 /// The backlog gauge costs a count per phase: with deadline wake-ups cycles
 /// can come every `EXPIRATION_MIN_GAP`, so it is measured at most this often.
@@ -62,6 +63,9 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
     let mut probe_failing = false;
     let mut sweep = Sweep::default();
     let mut clock_ahead = false;
+    // After a failed cycle: when the next one tries again.
+    let mut retry = Backoff::new(RETRY_FIRST, policy.interval);
+    let mut retry_at: Option<Instant> = None;
     let mut skew_warnings = SkewWarnings::default();
     let max_skew_ms = worker
         .settings()
@@ -84,6 +88,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                     clock_ahead,
                     waker: waker.is_waker(),
                     helping: waker.helping(),
+                    retry_in: retry_at.map(|at| at.saturating_duration_since(Instant::now())),
                 },
             )
         };
@@ -139,6 +144,8 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
             .await
         {
             Ok(outcome) => {
+                retry.reset();
+                retry_at = None;
                 let now = clock.now();
                 health.record_cycle_success(now);
                 metrics.last_success_timestamp_seconds.set(now.timestamp());
@@ -175,7 +182,13 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
             Err(error) => {
                 metrics.errors.inc();
                 metrics.cycles_failed.inc();
-                tracing::error!(error = %ErrorChain(&error), "cycle failed; the next cycle retries");
+                let delay = retry.next_delay();
+                retry_at = Some(Instant::now() + delay);
+                tracing::error!(
+                    error = %ErrorChain(&error),
+                    retry_in_ms = delay.as_millis() as u64,
+                    "cycle failed; the next cycle retries"
+                );
             }
         }
         last_end = Some(Instant::now());

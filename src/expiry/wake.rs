@@ -25,6 +25,13 @@
 //! the deadline, and expires just after it. That costs at most 60 probes a
 //! minute per instance, whatever crm writes; the probe works through any
 //! pooler (it is a plain read), unlike LISTEN.
+//!
+//! A cycle that failed (the database gone or failing over, a statement
+//! refused) rolled its batch back and read no next deadline. It is tried
+//! again after a backoff ([`RETRY_FIRST`], doubling up to the interval)
+//! rather than at the tick: the bookings that fell due during a failover of
+//! a few seconds expire about that much later, not up to an interval later,
+//! and a database that stays down gets a cycle per interval, as before.
 
 use std::time::Duration;
 
@@ -41,6 +48,10 @@ pub const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
 /// after its commit, with a second to spare for a slow probe on a loaded
 /// host; 60 probes a minute per instance at most.
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The first wait before a failed cycle is tried again (half to all of it,
+/// jittered); each failure in a row doubles it, up to the interval.
+pub const RETRY_FIRST: Duration = Duration::from_millis(500);
 
 /// The schedule's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +94,9 @@ pub struct WakeInputs {
     /// Another instance is the waker and says it has due rows left: this
     /// one cycles too, every minimum gap, until it has none.
     pub helping: bool,
+    /// The last cycle failed: the time left until it is tried again
+    /// ([`RETRY_FIRST`] and on).
+    pub retry_in: Option<Duration>,
 }
 
 /// Why the scheduler wakes.
@@ -93,6 +107,8 @@ pub enum WakeReason {
     Backlog,
     /// No cycle: read the next deadline again, then decide anew.
     Probe,
+    /// The last cycle failed.
+    Retry,
 }
 
 impl WakeReason {
@@ -103,6 +119,7 @@ impl WakeReason {
             WakeReason::Deadline => "deadline",
             WakeReason::Backlog => "backlog",
             WakeReason::Probe => "probe",
+            WakeReason::Retry => "retry",
         }
     }
 }
@@ -131,6 +148,11 @@ pub fn next_wake(policy: &WakePolicy, inputs: &WakeInputs) -> (Duration, WakeRea
                 wait = (until_deadline, WakeReason::Deadline);
             }
         }
+    }
+    if let Some(retry) = inputs.retry_in
+        && retry < wait.0
+    {
+        wait = (retry, WakeReason::Retry);
     }
     let wait = (wait.0.max(gap_left), wait.1);
     // A deadline written during the sleep must not wait for the tick: a long
@@ -177,6 +199,7 @@ mod tests {
             clock_ahead: false,
             waker: true,
             helping: false,
+            retry_in: None,
         }
     }
 
@@ -203,6 +226,46 @@ mod tests {
         assert_eq!(
             next_wake(&POLICY, &helping),
             (Duration::from_millis(150), WakeReason::Backlog)
+        );
+    }
+
+    /// A failed cycle is tried again after its backoff, not at the tick,
+    /// on every instance and with deadline wake-up off too; the minimum gap
+    /// still holds, and a tick that comes sooner serves it.
+    #[test]
+    fn a_failed_cycle_is_retried_after_its_backoff_not_at_the_tick() {
+        let failed = WakeInputs {
+            retry_in: Some(Duration::from_millis(400)),
+            since_last_cycle: Some(Duration::ZERO),
+            ..inputs()
+        };
+        let retry = (Duration::from_millis(400), WakeReason::Retry);
+        assert_eq!(next_wake(&POLICY, &failed), retry);
+        let follower = WakeInputs {
+            waker: false,
+            ..failed
+        };
+        assert_eq!(next_wake(&POLICY, &follower), retry);
+        let fixed = WakePolicy {
+            deadline_wake: false,
+            ..POLICY
+        };
+        assert_eq!(next_wake(&fixed, &failed), retry);
+        let soon = WakeInputs {
+            retry_in: Some(Duration::from_millis(100)),
+            ..failed
+        };
+        assert_eq!(
+            next_wake(&POLICY, &soon),
+            (POLICY.min_gap, WakeReason::Retry)
+        );
+        let tick_first = WakeInputs {
+            until_tick: Duration::from_millis(300),
+            ..failed
+        };
+        assert_eq!(
+            next_wake(&POLICY, &tick_first),
+            (Duration::from_millis(300), WakeReason::Tick)
         );
     }
 

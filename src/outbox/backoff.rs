@@ -1,6 +1,6 @@
 //! Exponential backoff with jitter, shared by every retry loop: the
-//! publisher's, the commit listener's, the wait for the database at start
-//! and the Kafka sink's per-partition retries.
+//! publisher's, the commit listener's, the wait for the database at start,
+//! the Kafka sink's per-partition retries and a failed expiry cycle's.
 
 use std::time::Duration;
 

@@ -403,6 +403,67 @@ async fn database_restart_and_killed_connections_heal() {
     );
 }
 
+/// Invariant: at the default 60 s interval, a cycle that failed is tried
+/// again after a backoff (500 ms, doubling), not at the next tick: a
+/// booking whose deadline passed while its cycles failed expires within
+/// the backoff's step of the fault's end. The fault: the outbox table
+/// renamed away, so every batch rolls back at its insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_cycle_is_retried_within_its_backoff_not_at_the_tick() {
+    let db = TestDb::new().await;
+    let mut command = binary();
+    command
+        .arg("run")
+        .env("DATABASE_URL", &db.url)
+        .env("NO_PUBLISHER", "true")
+        .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()))
+        .env("RUST_LOG", "info");
+    let mut running = Running::spawn(command);
+    wait_until("the first cycle", Duration::from_secs(30), || {
+        let done = running.stderr().contains("cycle completed");
+        async move { done }
+    })
+    .await;
+    db.exec_sql("ALTER TABLE booking_expiration_outbox RENAME TO booking_expiration_outbox_away")
+        .await;
+    let booking = NewBooking::new("Reserved")
+        .reserve_deadline(wall_now() + chrono::Duration::milliseconds(1_500));
+    db.insert(&booking).await;
+    // The deadline wake-up runs a cycle just after the deadline; it fails.
+    wait_until("a failed cycle", Duration::from_secs(20), || {
+        let failed = running.stderr().contains("cycle failed");
+        async move { failed }
+    })
+    .await;
+    // Deliberate fault timing: a second more of failures (the backoff's
+    // step grows to 1-2 s), then the table back.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    db.exec_sql("ALTER TABLE booking_expiration_outbox_away RENAME TO booking_expiration_outbox")
+        .await;
+    let fixed = wall_now();
+    wait_until("the booking to expire", Duration::from_secs(20), || async {
+        db.booking(booking.id).await.expired_at.is_some()
+    })
+    .await;
+    let expired_at = db.booking(booking.id).await.expired_at.expect("expired");
+    let after_fix = expired_at - fixed;
+    let failures = running.stderr().matches("cycle failed").count();
+    eprintln!(
+        "FIGURES retry: expired {} ms after the fault ended, {failures} failed cycles before",
+        after_fix.num_milliseconds()
+    );
+    // The bound: the step after about 1.5 s of failures (500 ms, 1 s, 2 s:
+    // at most 2 s) plus a cycle; the tick would be 60 s after the start.
+    assert!(after_fix < chrono::Duration::seconds(3), "{after_fix:?}");
+    assert!(
+        (2..=4).contains(&failures),
+        "a backoff, not a retry per minimum gap: {failures} failed cycles"
+    );
+    running.terminate();
+    assert_eq!(running.wait(Duration::from_secs(30)).await.code(), Some(0));
+    assert_expired_exactly_once(&db, 1).await;
+}
+
 /// Invariant: the broker stopped during publishing, then started again —
 /// no hung task, rows wait, the worker keeps expiring, everything arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
