@@ -164,7 +164,8 @@ async fn wait_for_database(
     settings: &DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> Result<bool, AppError> {
-    let mut backoff = outbox::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
+    let mut backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
     loop {
         let attempt = tokio::select! {
             _ = shutdown.cancelled() => return Ok(false),

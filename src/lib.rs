@@ -32,7 +32,8 @@
 //!   `PG*` variables, password file and `sslmode`s mean, as a connection
 //!   plan; [`clock`]: the time seam;
 //!   [`context`]: what every long-running task shares (pool, clock,
-//!   metrics, health).
+//!   metrics, health); [`backoff`]: the jittered exponential backoff of
+//!   every retry loop.
 //! - [`app`]: wiring of the commands used by the binary.
 //!
 //! # Layers
@@ -50,7 +51,7 @@
 //! 5. [`handoff`]
 //! 6. [`events`]
 //! 7. [`domain`]
-//! 8. [`config`], [`clock`], [`tls`]
+//! 8. [`config`], [`clock`], [`tls`], [`backoff`]
 //! 9. [`libpq`]
 //!
 //! ## Rooms of `expiry`
@@ -80,7 +81,7 @@
 //! 3. `pipeline`, `memory`, `kafka`, `maintenance`, `listener`
 //! 4. `queues`
 //! 5. `partition`
-//! 6. `store`, `report`, `timing`, `transport`, `backoff`
+//! 6. `store`, `report`, `timing`, `transport`
 //!
 //! ## Rooms of `config`
 //!
@@ -112,6 +113,7 @@
 #![deny(rust_2018_idioms, missing_debug_implementations)]
 
 pub mod app;
+pub mod backoff;
 pub mod clock;
 pub mod config;
 pub mod context;

@@ -26,7 +26,7 @@ use super::{
     wake::{RETRY_FIRST, WakeInputs, WakeReason, backlog_left, next_wake},
     waker::{Waker, keep_lease},
 };
-use crate::{context::TaskContext, outbox::Backoff, telemetry::ErrorChain};
+use crate::{backoff::Backoff, context::TaskContext, telemetry::ErrorChain};
 
 /// The backlog gauge costs a count per phase: with deadline wake-ups cycles
 /// can come every `EXPIRATION_MIN_GAP`, so it is measured at most this often.

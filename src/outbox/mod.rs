@@ -18,10 +18,8 @@
 //! - [`timing`]: every duration the publisher waits on, with its reason.
 //! - `report`: failures that last, logged once a minute.
 //! - [`maintenance`]: lag gauges and retention; `listener`: LISTEN for
-//!   commits, to wake the publisher; [`Backoff`]: jittered exponential
-//!   backoff.
+//!   commits, to wake the publisher.
 
-mod backoff;
 pub mod kafka;
 mod listener;
 pub(crate) mod maintenance;
@@ -41,7 +39,6 @@ pub mod transport;
 #[cfg(test)]
 mod tests;
 
-pub use backoff::Backoff;
 pub use kafka::{KafkaError, KafkaTransport};
 pub use listener::{ListenError, listen_for_commits};
 pub use maintenance::{LagStats, RetentionSweep};

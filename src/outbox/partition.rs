@@ -9,8 +9,9 @@ use std::collections::VecDeque;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
+use crate::backoff::Backoff;
+
 use super::{
-    Backoff,
     timing::Timing,
     transport::{ErrorClass, OutgoingRecord, SendError},
 };

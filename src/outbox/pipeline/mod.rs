@@ -35,7 +35,6 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backoff,
     queues::{Queues, Room},
     report::Reports,
     store::{Round, RoundResult, Store},
@@ -43,6 +42,7 @@ use super::{
     transport::{SendError, Transport},
 };
 use crate::{
+    backoff::Backoff,
     clock::Clock,
     db::DbError,
     handoff::HandedRows,

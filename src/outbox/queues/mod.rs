@@ -23,10 +23,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tokio::time::Instant;
 
-use crate::db::outbox::{PartitionRoom, RoutedTopic};
+use crate::{
+    backoff::Backoff,
+    db::outbox::{PartitionRoom, RoutedTopic},
+};
 
 use super::{
-    Backoff,
     partition::{Failed, Failing, Held, PartitionQueue},
     timing::Timing,
     transport::{OutgoingRecord, SendError},
