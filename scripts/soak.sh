@@ -5,7 +5,8 @@
 # settings, steady arrivals and a manager that extends, cancels, books and
 # confirms, a sampler every 15 s; then checks that nothing was lost and the
 # goals held. The work itself is scripts/soak.py; this wrapper builds the
-# release binary, starts the servers and cleans up.
+# release binary (or takes SOAK_BINARY: CI gives it the static musl binary
+# it built), starts the servers and cleans up.
 #
 #   bash scripts/soak.sh [--minutes N] [--out DIR] [--check] [soak.py options...]
 #
@@ -77,10 +78,16 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 t0=$(date +%s)
-echo "soak.sh: building the release binary" >&2
-target="${CARGO_TARGET_DIR:-target}"
-cargo build --release --locked --bin booking-expiration >&2
-bin="$(cd "$target/release" && pwd)/booking-expiration"
+if [[ -n "${SOAK_BINARY:-}" ]]; then
+  [[ -x "$SOAK_BINARY" ]] || { echo "soak.sh: SOAK_BINARY=$SOAK_BINARY is not an executable file" >&2; exit 2; }
+  bin="$(cd "$(dirname "$SOAK_BINARY")" && pwd)/$(basename "$SOAK_BINARY")"
+  echo "soak.sh: running $bin (SOAK_BINARY)" >&2
+else
+  echo "soak.sh: building the release binary" >&2
+  target="${CARGO_TARGET_DIR:-target}"
+  cargo build --release --locked --bin booking-expiration >&2
+  bin="$(cd "$target/release" && pwd)/booking-expiration"
+fi
 
 read -r pg_port kafka_port m1 m2 m3 m4 < <(python3 scripts/free-port.py 6)
 
