@@ -4,7 +4,7 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use diesel_async::AsyncConnection;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
@@ -79,37 +79,41 @@ impl LagStats {
 
     /// Reads the outbox lag once and sets the gauges.
     pub async fn run_once(&self) -> Result<outbox::OutboxStats, DbError> {
-        Ok(self.refresh().await?.0)
+        let mut conn = self.pool.get().await?;
+        self.count_on(&mut conn).await
     }
 
-    /// [`Self::run_once`], and how long the count itself took (not the wait
-    /// for a connection).
-    async fn refresh(&self) -> Result<(outbox::OutboxStats, Duration), DbError> {
-        let mut conn = self.pool.get().await?;
-        let started = tokio::time::Instant::now();
+    async fn count_on(&self, conn: &mut AsyncPgConnection) -> Result<outbox::OutboxStats, DbError> {
         // Every unit of work is a transaction (see `db`), a read too.
         let stats = conn
             .transaction(async |conn| outbox::stats(conn).await)
             .await?;
-        let took = started.elapsed();
         self.metrics.outbox_unpublished.set(stats.unpublished);
         self.metrics.outbox_parked.set(stats.parked);
         let age = stats
             .oldest_unpublished_at
             .map_or(0, |oldest| (self.clock.now() - oldest).num_seconds().max(0));
         self.metrics.outbox_oldest_unpublished_age_seconds.set(age);
-        Ok((stats, took))
+        Ok(stats)
     }
 
-    /// [`Self::run_once`] at once, then after [`stats_pause`] each time,
-    /// until `shutdown`. A failed refresh is tried again after
-    /// [`STATS_INTERVAL`]: how long it took (a database that was down, a
-    /// pool with no connection free) says nothing of what a count costs.
+    /// [`Self::run_once`] at once, then after [`stats_pause`] of the time
+    /// the count held its connection, until `shutdown`. A count that failed
+    /// (a statement timeout on a huge backlog) waits as one that ended
+    /// does; a refresh that got no connection (the database down, the pool
+    /// busy) ran no count and is tried again after [`STATS_INTERVAL`].
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
-            let pause = match self.refresh().await {
-                Ok((_, took)) => stats_pause(took),
+            let pause = match self.pool.get().await {
+                Ok(mut conn) => {
+                    let started = tokio::time::Instant::now();
+                    if let Err(error) = self.count_on(&mut conn).await {
+                        tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+                    }
+                    stats_pause(started.elapsed())
+                }
                 Err(error) => {
+                    let error = DbError::from(error);
                     tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
                     STATS_INTERVAL
                 }
