@@ -14,9 +14,12 @@
 //! [`SPREAD`] (a trickle: requests of a few records, where Nagle's
 //! algorithm, were it on, would hold each one up to 40 ms), and measures
 //! the outbox write → broker acknowledgement (`published_at` −
-//! `created_at`) of every row. Asserted: everything published once, exit
-//! 0, and the restricted run's p50 and p99 within 10% of the
-//! unrestricted run's, or [`SLACK`] above it where 10% is less (a few
+//! `created_at`) of every row. Two runs each way, unrestricted, restricted,
+//! restricted, unrestricted, so a drift from run to run does not fall on
+//! one side only (with one run each, the restricted one second, CI once saw
+//! p99 21.0 ms unrestricted against 27.1 ms). Asserted: everything published once, exit
+//! 0, and the restricted runs' p50 and p99 within 10% of the
+//! unrestricted runs', or [`SLACK`] above it where 10% is less (a few
 //! milliseconds of a busy 2-core machine's scheduling; a lost
 //! `TCP_NODELAY` adds tens of milliseconds to most requests).
 //!
@@ -102,8 +105,15 @@ async fn under_a_runtime_default_seccomp_profile_publishing_is_as_fast() {
     let check = testkit::run_script("seccomp-run.sh", &["check"])
         .unwrap_or_else(|e| panic!("the filter does not work here: {e:#}"));
     eprintln!("{}", check.trim());
-    let free = one_run(false).await;
-    let restricted = one_run(true).await;
+    // In the order A B B A: whatever drifts from one run to the next (the
+    // shared PostgreSQL and broker gain a database and a topic with each)
+    // weighs on both sides alike. Quantiles over both runs of a side.
+    let mut free = one_run(false).await;
+    let mut restricted = one_run(true).await;
+    restricted.extend(one_run(true).await);
+    free.extend(one_run(false).await);
+    free.sort_by(f64::total_cmp);
+    restricted.sort_by(f64::total_cmp);
     let mut failed = Vec::new();
     for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
         let (a, b) = (quantile(&free, q), quantile(&restricted, q));
