@@ -419,22 +419,18 @@ async fn a_failed_cycle_is_retried_within_its_backoff_not_at_the_tick() {
         .env("METRICS_ADDR", format!("127.0.0.1:{}", free_port()))
         .env("RUST_LOG", "info");
     let mut running = Running::spawn(command);
-    wait_until("the first cycle", Duration::from_secs(30), || {
-        let done = running.stderr().contains("cycle completed");
-        async move { done }
-    })
-    .await;
+    running
+        .wait_for_log("cycle completed", Duration::from_secs(30))
+        .await;
     db.exec_sql("ALTER TABLE booking_expiration_outbox RENAME TO booking_expiration_outbox_away")
         .await;
     let booking = NewBooking::new("Reserved")
         .reserve_deadline(wall_now() + chrono::Duration::milliseconds(1_500));
     db.insert(&booking).await;
     // The deadline wake-up runs a cycle just after the deadline; it fails.
-    wait_until("a failed cycle", Duration::from_secs(20), || {
-        let failed = running.stderr().contains("cycle failed");
-        async move { failed }
-    })
-    .await;
+    running
+        .wait_for_log("cycle failed", Duration::from_secs(20))
+        .await;
     // Deliberate fault timing: a second more of failures (the backoff's
     // step grows to 1-2 s), then the table back.
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -374,11 +374,9 @@ async fn run_over_sasl_ssl_with_scram() {
         .env("RUST_LOG", "warn");
     let mut running = Running::spawn(command);
     wait_http_status(&addr, "/readyz", 503, Duration::from_secs(60)).await;
-    wait_until("the TLS failure logged", Duration::from_secs(10), || {
-        let log = running.stderr();
-        async move { log.contains("KAFKA_SSL_CA_LOCATION") }
-    })
-    .await;
+    running
+        .wait_for_log("KAFKA_SSL_CA_LOCATION", Duration::from_secs(10))
+        .await;
     std::fs::copy(kafka.file("ca.crt"), &ca).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     while http_get(&addr, "/readyz").await.map(|r| r.0) != Some(200) {

@@ -257,16 +257,10 @@ async fn run_through_the_pooler_takes_bookings_written_while_it_sleeps() {
             Running::spawn(command)
         })
         .collect();
-    for (i, instance) in instances.iter_mut().enumerate() {
-        wait_until(
-            &format!("instance {i}'s first cycle"),
-            Duration::from_secs(30),
-            || {
-                let started = instance.stderr().contains("cycle completed");
-                async move { started }
-            },
-        )
-        .await;
+    for instance in &mut instances {
+        instance
+            .wait_for_log("cycle completed", Duration::from_secs(30))
+            .await;
     }
     // Deliberate timing, the load itself: three bookings 700 ms apart.
     let mut written = Vec::new();

@@ -553,11 +553,9 @@ async fn a_stopped_replay_prints_the_whole_command_that_resumes_it() {
         let mut out = Vec::new();
         std::io::Read::read_to_end(&mut pipe, &mut out).map(|_| out)
     });
-    wait_until("the first progress line", Duration::from_secs(30), || {
-        let progressed = running.stderr().contains("{\"replay_id\"");
-        async move { progressed }
-    })
-    .await;
+    running
+        .wait_for_log("{\"replay_id\"", Duration::from_secs(30))
+        .await;
     running.terminate();
     let status = running.wait(Duration::from_secs(30)).await;
     let stderr = running.stderr();

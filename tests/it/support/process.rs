@@ -217,6 +217,23 @@ impl Running {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Polls stderr every 50 ms until it contains `text`; past `timeout`
+    /// fails with everything the process printed.
+    pub async fn wait_for_log(&mut self, text: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.stderr();
+            if log.contains(text) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {text:?} in the log:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn terminate(&self) {
         terminate(&self.child);
     }
