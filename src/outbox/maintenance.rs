@@ -104,20 +104,17 @@ impl LagStats {
     /// busy) ran no count and is tried again after [`STATS_INTERVAL`].
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
-            let pause = match self.pool.get().await {
+            let (refreshed, pause) = match self.pool.get().await {
                 Ok(mut conn) => {
                     let started = tokio::time::Instant::now();
-                    if let Err(error) = self.count_on(&mut conn).await {
-                        tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-                    }
-                    stats_pause(started.elapsed())
+                    let counted = self.count_on(&mut conn).await;
+                    (counted.map(drop), stats_pause(started.elapsed()))
                 }
-                Err(error) => {
-                    let error = DbError::from(error);
-                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-                    STATS_INTERVAL
-                }
+                Err(error) => (Err(DbError::from(error)), STATS_INTERVAL),
             };
+            if let Err(error) = refreshed {
+                tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+            }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
