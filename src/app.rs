@@ -16,6 +16,7 @@ pub use status::{PhaseStatus, PoisonRow, StatusReport, status};
 pub use tasks::{TaskEnded, Tasks};
 
 use crate::{
+    backoff::Backoff,
     clock::{Clock, SystemClock},
     config::{
         ConfigError, DatabaseSettings, EventSettings, ExpirySettings, SeedSettings, Settings,
@@ -164,8 +165,7 @@ async fn wait_for_database(
     settings: &DatabaseSettings,
     shutdown: &CancellationToken,
 ) -> Result<bool, AppError> {
-    let mut backoff =
-        crate::backoff::Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(15));
     loop {
         let attempt = tokio::select! {
             _ = shutdown.cancelled() => return Ok(false),

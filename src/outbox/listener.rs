@@ -9,8 +9,7 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
-use crate::{config::DatabaseSettings, db, telemetry::ErrorChain};
+use crate::{backoff::Backoff, config::DatabaseSettings, db, telemetry::ErrorChain};
 
 /// The channel `booking_expiration_outbox_notify()` notifies.
 pub const CHANNEL: &str = "booking_expiration_outbox";
