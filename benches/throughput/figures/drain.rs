@@ -59,12 +59,26 @@ pub struct DrainSize {
     pub wal_bytes_per_event: Stat,
 }
 
-pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
-    let (sizes, repeat): (&[u64], usize) = if quick {
-        (&QUICK_SIZES, QUICK_REPEAT)
-    } else {
-        (&SIZES, REPEAT)
+/// The sizes and repetitions of this run: `BENCH_DRAIN_SIZES` (a
+/// comma-separated list of row counts) overrides the sizes (for trying;
+/// the committed run uses the defaults).
+fn plan(quick: bool) -> Result<(Vec<u64>, usize)> {
+    let repeat = if quick { QUICK_REPEAT } else { REPEAT };
+    let sizes = match std::env::var("BENCH_DRAIN_SIZES") {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .map(|r| r.trim().replace('_', "").parse::<u64>())
+            .collect::<Result<Vec<_>, _>>()
+            .context("BENCH_DRAIN_SIZES: row counts, comma-separated")?,
+        _ if quick => QUICK_SIZES.to_vec(),
+        _ => SIZES.to_vec(),
     };
+    Ok((sizes, repeat))
+}
+
+pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
+    let (sizes, repeat) = plan(quick)?;
+    let sizes = sizes.as_slice();
     let started = Instant::now();
     let loadavg_at_start = loadavg();
     progress!(
