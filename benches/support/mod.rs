@@ -287,10 +287,20 @@ impl Services {
         fs::set_permissions(&work, fs::Permissions::from_mode(0o755))?;
         let ports = testkit::free_port_pairs(2);
         let (pg_port, kafka_port) = (ports[0], ports[1]);
-        progress!(
-            "starting PostgreSQL on 127.0.0.1:{pg_port} (default settings: fsync and synchronous_commit on)"
-        );
-        let postgres = Postgres::start(&work.join("pg"), pg_port, &[])?;
+        // `BENCH_PG_OPTIONS` (e.g. `-c max_wal_size=64GB`): server options
+        // for trying what a setting changes; the committed runs use none.
+        let options = std::env::var("BENCH_PG_OPTIONS").unwrap_or_default();
+        let options: Vec<&str> = options.split_whitespace().collect();
+        if options.is_empty() {
+            progress!(
+                "starting PostgreSQL on 127.0.0.1:{pg_port} (default settings: fsync and synchronous_commit on)"
+            );
+        } else {
+            progress!(
+                "starting PostgreSQL on 127.0.0.1:{pg_port} with BENCH_PG_OPTIONS {options:?} (NOT the defaults)"
+            );
+        }
+        let postgres = Postgres::start(&work.join("pg"), pg_port, &options)?;
         {
             let work = work.clone();
             tokio::spawn(async move {
