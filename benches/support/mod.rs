@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use booking_expiration::{config::DatabaseSettings, libpq::DatabaseUrl};
 use diesel::{QueryableByName, sql_types::Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
@@ -267,6 +267,25 @@ struct OneText {
 
 /// The PostgreSQL cluster and the Kafka broker of this run; both are
 /// stopped (and their folder removed) on drop and on Ctrl-C.
+/// The comma-separated list in the environment variable `name` (`what` its
+/// items, for the error), or `None` when it is unset or empty: a figure's
+/// own values overridden for trying (committed runs use the defaults).
+pub fn env_list<T>(name: &str, what: &str) -> Result<Option<Vec<T>>>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    match std::env::var(name) {
+        Ok(list) if !list.trim().is_empty() => list
+            .split(',')
+            .map(|item| item.trim().parse::<T>())
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+            .with_context(|| format!("{name}: {what}, comma-separated")),
+        _ => Ok(None),
+    }
+}
+
 pub struct Services {
     pub work: PathBuf,
     pub admin_url: String,

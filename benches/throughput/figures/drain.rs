@@ -32,7 +32,9 @@ use uuid::Uuid;
 use super::deadline_wake::fresh_db;
 use crate::{
     progress,
-    support::{Services, Stat, create_topic, kafka_client, loadavg, records_on, tree_cpu_ms},
+    support::{
+        Services, Stat, create_topic, env_list, kafka_client, loadavg, records_on, tree_cpu_ms,
+    },
 };
 
 const BINARY: &str = env!("CARGO_BIN_EXE_booking-expiration");
@@ -64,21 +66,16 @@ pub struct DrainSize {
 /// the committed run uses the defaults).
 fn plan(quick: bool) -> Result<(Vec<u64>, usize)> {
     let repeat = if quick { QUICK_REPEAT } else { REPEAT };
-    let sizes = match std::env::var("BENCH_DRAIN_SIZES") {
-        Ok(list) if !list.trim().is_empty() => list
-            .split(',')
-            .map(|r| r.trim().replace('_', "").parse::<u64>())
-            .collect::<Result<Vec<_>, _>>()
-            .context("BENCH_DRAIN_SIZES: row counts, comma-separated")?,
-        _ if quick => QUICK_SIZES.to_vec(),
-        _ => SIZES.to_vec(),
+    let sizes = match env_list("BENCH_DRAIN_SIZES", "row counts")? {
+        Some(sizes) => sizes,
+        None if quick => QUICK_SIZES.to_vec(),
+        None => SIZES.to_vec(),
     };
     Ok((sizes, repeat))
 }
 
 pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
     let (sizes, repeat) = plan(quick)?;
-    let sizes = sizes.as_slice();
     let started = Instant::now();
     let loadavg_at_start = loadavg();
     progress!(
@@ -90,7 +87,7 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
             .join(", ")
     );
     let mut out = Vec::new();
-    for &rows in sizes {
+    for &rows in &sizes {
         // One topic per size: each repetition appends its rows to it.
         let topic = format!("bench-drain-{rows}-{}", Uuid::new_v4().simple());
         create_topic(svc, &topic, PARTITIONS).await?;

@@ -51,8 +51,8 @@ use crate::{
     phase_sql::due_deadline_expr,
     progress,
     support::{
-        Services, create_topic, kafka_client, loadavg, machine_cpu_ms, pid_cpu_ms, process_cpu_ms,
-        records_on, run_time_ms, tree_cpu_ms, wall_now,
+        Services, create_topic, env_list, kafka_client, loadavg, machine_cpu_ms, pid_cpu_ms,
+        process_cpu_ms, records_on, run_time_ms, tree_cpu_ms, wall_now,
     },
 };
 
@@ -159,14 +159,10 @@ pub struct Step {
 /// comma-separated list) and `BENCH_SUSTAINED_STEP_S` override the
 /// defaults (for trying; the committed run uses the defaults).
 fn plan(quick: bool) -> Result<(Vec<f64>, f64)> {
-    let rates = match std::env::var("BENCH_SUSTAINED_RATES") {
-        Ok(list) if !list.trim().is_empty() => list
-            .split(',')
-            .map(|r| r.trim().parse::<f64>())
-            .collect::<Result<Vec<_>, _>>()
-            .context("BENCH_SUSTAINED_RATES: numbers, comma-separated")?,
-        _ if quick => QUICK_RATES.to_vec(),
-        _ => RATES.to_vec(),
+    let rates = match env_list("BENCH_SUSTAINED_RATES", "numbers")? {
+        Some(rates) => rates,
+        None if quick => QUICK_RATES.to_vec(),
+        None => RATES.to_vec(),
     };
     let step_s = match std::env::var("BENCH_SUSTAINED_STEP_S") {
         Ok(v) if !v.trim().is_empty() => v.trim().parse().context("BENCH_SUSTAINED_STEP_S")?,
