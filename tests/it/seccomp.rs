@@ -2,43 +2,38 @@
 //! runtime's default profile (`scripts/seccomp-run.sh`: `pidfd_getfd`,
 //! `ptrace`, `process_vm_readv`/`writev` and `kcmp` denied, as Docker's
 //! default profile and Kubernetes' `RuntimeDefault` deny them without
-//! `CAP_SYS_PTRACE`), against the same binary without it.
+//! `CAP_SYS_PTRACE`).
 //!
 //! The filter kills the process on a denied call, so a worker that needed
 //! one to publish would die here, loudly, instead of running on with an
 //! option silently lost (the way `TCP_NODELAY` was lost when it depended
 //! on `pidfd_getfd`). The filter's effect is checked first
-//! (`seccomp-run.sh check`: `pidfd_getfd` fails with EPERM under it).
+//! (`seccomp-run.sh check`: `pidfd_getfd` fails with EPERM under it). That
+//! the worker's own broker sockets carry `TCP_NODELAY` and keepalive is
+//! read back from the kernel by
+//! `outbox::kafka::connection::tests::a_broker_socket_has_nodelay_and_keepalive_set`.
 //!
-//! Each run expires and publishes [`DUE`] bookings falling due over
-//! [`SPREAD`] (a trickle: requests of a few records, where Nagle's
-//! algorithm, were it on, would hold each one up to 40 ms), and measures
-//! the outbox write → broker acknowledgement (`published_at` −
-//! `created_at`) of every row. Two runs each way, unrestricted, restricted,
-//! restricted, unrestricted, so a drift from run to run does not fall on
-//! one side only (with one run each, the restricted one second, CI once saw
-//! p99 21.0 ms unrestricted against 27.1 ms). Asserted: everything
-//! published once, exit 0, and the restricted runs' p50 and p99 within 10%
-//! of the unrestricted runs', or [`SLACK`] above it where 10% is less (a few
-//! milliseconds of a busy 2-core machine's scheduling; a lost
-//! `TCP_NODELAY` adds tens of milliseconds to most requests).
-//!
-//! `#[ignore]`d in the parallel suite (its bound is a latency);
-//! `scripts/test.sh` runs it alone after the suite.
+//! No latency is compared with a run outside the filter: the worker sends
+//! each request in one write, so even a socket without `TCP_NODELAY` added
+//! nothing measurable to write → acknowledgement on this machine (a build
+//! that dropped the option under the filter only passed the earlier A/B
+//! comparison, p50 25.8 ms against 28.6 ms), while the tail swung by tens
+//! of milliseconds from run to run (p99 103.3 against 142.0 ms, p90 40.0
+//! against 50.1 ms, the same binary both ways).
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use crate::support::*;
 
 const DUE: usize = 1_500;
+/// Bookings fall due over this long: a trickle of small requests, the
+/// worker's steady state, with every connection opened under the filter.
 const SPREAD: Duration = Duration::from_secs(10);
 const PARTITIONS: i32 = 3;
-/// The latency bound's floor above the unrestricted figure.
-const SLACK: Duration = Duration::from_millis(5);
 
 /// `command` run by `scripts/seccomp-run.sh` under the filter, with the
 /// same arguments and environment.
-fn under_seccomp(command: &Command) -> Command {
+fn under_seccomp(command: &std::process::Command) -> std::process::Command {
     let mut wrapped = testkit::script("seccomp-run.sh");
     wrapped.arg("--").arg(command.get_program());
     wrapped.args(command.get_args());
@@ -51,8 +46,11 @@ fn under_seccomp(command: &Command) -> Command {
     wrapped
 }
 
-/// Write → acknowledgement of every row of one run (seconds).
-async fn one_run(restricted: bool) -> Vec<f64> {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_runtime_default_seccomp_profile_everything_is_published_once() {
+    let check = testkit::run_script("seccomp-run.sh", &["check"])
+        .unwrap_or_else(|e| panic!("the filter does not work here: {e:#}"));
+    eprintln!("{}", check.trim());
     let db = TestDb::new().await;
     let topic = create_topic(PARTITIONS).await;
     let first = wall_now() + chrono::Duration::seconds(3);
@@ -61,14 +59,9 @@ async fn one_run(restricted: bool) -> Vec<f64> {
     });
     db.insert_all(&bookings).await;
     let command = run_on(&db, &topic, &format!("127.0.0.1:{}", free_port()));
-    let command = if restricted {
-        under_seccomp(&command)
-    } else {
-        command
-    };
-    let mut running = Running::spawn(command);
+    let mut running = Running::spawn(under_seccomp(&command));
     wait_until(
-        "every booking published",
+        "every booking published under the filter",
         SPREAD + Duration::from_secs(60),
         || async { db.published().await == DUE as i64 },
     )
@@ -77,53 +70,9 @@ async fn one_run(restricted: bool) -> Vec<f64> {
     let status = running.wait(Duration::from_secs(30)).await;
     assert!(
         status.success(),
-        "restricted={restricted}: {status:?}\n{}",
+        "the worker under the filter: {status:?}\n{}",
         running.stderr()
     );
     let records = read_topic(&topic, PARTITIONS).await;
-    assert_eq!(records.len(), DUE, "restricted={restricted}: once each");
-    db.names(
-        "SELECT (extract(epoch FROM published_at - created_at))::text AS name \
-             FROM booking_expiration_outbox",
-    )
-    .await
-    .iter()
-    .map(|s| s.parse().expect("seconds"))
-    .collect()
-}
-
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a latency bound: run alone by scripts/test.sh"]
-async fn under_a_runtime_default_seccomp_profile_publishing_is_as_fast() {
-    let check = testkit::run_script("seccomp-run.sh", &["check"])
-        .unwrap_or_else(|e| panic!("the filter does not work here: {e:#}"));
-    eprintln!("{}", check.trim());
-    // In the order A B B A: whatever drifts from one run to the next (the
-    // shared PostgreSQL and broker gain a database and a topic with each)
-    // weighs on both sides alike. Quantiles over both runs of a side.
-    let mut free = one_run(false).await;
-    let mut restricted = one_run(true).await;
-    restricted.extend(one_run(true).await);
-    free.extend(one_run(false).await);
-    free.sort_by(f64::total_cmp);
-    restricted.sort_by(f64::total_cmp);
-    let mut failed = Vec::new();
-    for (name, q) in [("p50", 0.5), ("p99", 0.99)] {
-        let (a, b) = (quantile(&free, q), quantile(&restricted, q));
-        let bound = (a * 1.1).max(a + SLACK.as_secs_f64());
-        eprintln!(
-            "FIGURES seccomp: write -> ack {name}: {:.1} ms unrestricted, {:.1} ms under the filter (bound {:.1} ms)",
-            a * 1e3,
-            b * 1e3,
-            bound * 1e3
-        );
-        if b > bound {
-            failed.push(format!("{name} {:.1} ms > {:.1} ms", b * 1e3, bound * 1e3));
-        }
-    }
-    assert!(failed.is_empty(), "slower under the filter: {failed:?}");
+    assert_eq!(records.len(), DUE, "once each");
 }

@@ -125,17 +125,13 @@ impl Connection {
             step: stalled_step(protocol, step),
             timeout: settings.request_timeout,
         };
-        let tcp = tokio::time::timeout_at(
-            deadline,
-            TcpStream::connect((endpoint.host.as_str(), endpoint.port)),
-        )
-        .await
-        .map_err(|_| step(Step::Tcp).error())?
-        .map_err(|source| KafkaError::Connect {
-            broker: broker.clone(),
-            source,
-        })?;
-        socket_options(&tcp, &broker);
+        let tcp = tokio::time::timeout_at(deadline, connect_tcp(endpoint, &broker))
+            .await
+            .map_err(|_| step(Step::Tcp).error())?
+            .map_err(|source| KafkaError::Connect {
+                broker: broker.clone(),
+                source,
+            })?;
         let stream = match &settings.tls {
             None => Either::Left(tcp),
             Some(tls) => Either::Right(
@@ -222,6 +218,13 @@ impl Connection {
                 })
             })
     }
+}
+
+/// TCP to `endpoint`, the worker's [`socket_options`] set on the socket.
+async fn connect_tcp(endpoint: &Endpoint, broker: &str) -> std::io::Result<TcpStream> {
+    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port)).await?;
+    socket_options(&tcp, broker);
+    Ok(tcp)
 }
 
 /// `TCP_NODELAY`: a request is sent at once, not held back by Nagle's
@@ -482,6 +485,36 @@ mod tests {
         assert_eq!(v6.to_string(), "[::1]:9093");
         assert_eq!(Endpoint::parse("no-port"), None);
         assert_eq!(Endpoint::parse("host:port"), None);
+    }
+
+    /// The options as the kernel reports them back on a real socket: the
+    /// worker sets them itself, so nothing (no `/proc`, no other process's
+    /// descriptor) stands between it and its own socket.
+    #[tokio::test]
+    async fn a_broker_socket_has_nodelay_and_keepalive_set() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let addr = listener.local_addr().expect("bound");
+        let endpoint = Endpoint {
+            host: addr.ip().to_string(),
+            port: addr.port(),
+        };
+        let tcp = connect_tcp(&endpoint, &endpoint.to_string())
+            .await
+            .expect("connect to the listener");
+        assert!(tcp.nodelay().expect("read TCP_NODELAY"), "TCP_NODELAY");
+        let socket = socket2::SockRef::from(&tcp);
+        assert!(socket.keepalive().expect("read SO_KEEPALIVE"), "keepalive");
+        assert_eq!(socket.tcp_keepalive_time().expect("idle"), KEEPALIVE_IDLE);
+        assert_eq!(
+            socket.tcp_keepalive_interval().expect("interval"),
+            KEEPALIVE_INTERVAL
+        );
+        assert_eq!(
+            socket.tcp_keepalive_retries().expect("probes"),
+            KEEPALIVE_PROBES
+        );
     }
 
     #[tokio::test]
