@@ -25,6 +25,14 @@ pub struct WakerLease {
 /// Takes the lease for `me` when it ran out (or is already `me`'s), for
 /// `lease` from now on the database's clock, saying whether `me` has due
 /// rows left; returns whether it is `me`'s and whether the holder is busy.
+///
+/// While another instance holds a live lease, the statement only reads
+/// it: the insert is not tried, so the row is not locked (an `ON CONFLICT
+/// DO UPDATE` locks the row it meets even when its `WHERE` turns the
+/// update down), and the look takes no transaction id and commits
+/// without a WAL flush. Every instance looks five times a second; only
+/// the holder's renewal and a take write. The insert's own condition
+/// still decides a race with a holder that renewed or let go meanwhile.
 pub async fn hold(
     conn: &mut AsyncPgConnection,
     me: Uuid,
@@ -32,17 +40,19 @@ pub async fn hold(
     backlog: bool,
 ) -> Result<WakerLease, DbError> {
     Ok(diesel::sql_query(
-        "WITH taken AS ( \
+        "WITH other AS ( \
+             SELECT backlog FROM booking_expiration_waker \
+              WHERE id = 1 AND owner <> $1 AND until >= statement_timestamp()), \
+         taken AS ( \
              INSERT INTO booking_expiration_waker AS w (id, owner, until, backlog) \
-             VALUES (1, $1, statement_timestamp() + $2 * interval '1 millisecond', $3) \
+             SELECT 1, $1, statement_timestamp() + $2 * interval '1 millisecond', $3 \
+              WHERE NOT EXISTS (SELECT 1 FROM other) \
              ON CONFLICT (id) DO UPDATE \
                 SET owner = EXCLUDED.owner, until = EXCLUDED.until, backlog = EXCLUDED.backlog \
               WHERE w.owner = EXCLUDED.owner OR w.until < statement_timestamp() \
              RETURNING w.owner) \
          SELECT EXISTS (SELECT 1 FROM taken) AS mine, \
-                coalesce((SELECT w.backlog FROM booking_expiration_waker w \
-                           WHERE w.id = 1 AND w.owner <> $1 \
-                             AND w.until >= statement_timestamp()), false) AS busy",
+                coalesce((SELECT backlog FROM other), false) AS busy",
     )
     .bind::<SqlUuid, _>(me)
     .bind::<BigInt, _>(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX))

@@ -15,7 +15,9 @@
 //! test suite.
 //!
 //! `#[ignore]`d in the parallel suite (its bounds are timings of a
-//! second); `scripts/test.sh` runs it alone after the suite.
+//! second); `scripts/test.sh` runs it alone after the suite. The lease's
+//! statement itself, looked at by two instances, is checked in the suite
+//! (`a_look_at_a_live_lease_held_by_another_writes_nothing`).
 
 use std::time::{Duration, Instant};
 
@@ -147,5 +149,81 @@ async fn one_instance_wakes_at_deadlines_and_a_frozen_one_is_replaced_within_a_s
             .await,
         0,
         "each booking expired once"
+    );
+}
+
+/// The lease itself, two instances' looks at it on one database: the
+/// holder renews it; a look by another while it is live only reads it (no
+/// row lock, so no transaction id: every instance looks five times a
+/// second, and only the holder's renewals write); once it ran out, the
+/// other takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_look_at_a_live_lease_held_by_another_writes_nothing() {
+    use booking_expiration::db::waker::{WakerLease, hold};
+    use diesel::sql_types::{BigInt, Nullable};
+    use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+
+    #[derive(diesel::QueryableByName)]
+    struct Xid {
+        #[diesel(sql_type = Nullable<BigInt>)]
+        xid: Option<i64>,
+    }
+
+    /// One look in a transaction of its own, as `keep_lease` does, and the
+    /// transaction id it was given (`None`: it wrote nothing).
+    async fn look(
+        conn: &mut AsyncPgConnection,
+        me: uuid::Uuid,
+        lease: Duration,
+        backlog: bool,
+    ) -> (WakerLease, Option<i64>) {
+        conn.transaction(async |conn| {
+            let lease = hold(conn, me, lease, backlog).await?;
+            let xid = diesel::sql_query("SELECT txid_current_if_assigned()::int8 AS xid")
+                .get_result::<Xid>(conn)
+                .await?
+                .xid;
+            Ok::<_, booking_expiration::db::DbError>((lease, xid))
+        })
+        .await
+        .expect("a look at the lease")
+    }
+
+    let db = TestDb::new().await;
+    let mut conn = db.conn().await;
+    let (a, b) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let long = Duration::from_secs(60);
+    let (taken, xid) = look(&mut conn, a, long, true).await;
+    assert_eq!(
+        (taken.mine, taken.busy),
+        (true, false),
+        "A takes the free lease"
+    );
+    assert!(xid.is_some(), "a take writes");
+    let (renewed, xid) = look(&mut conn, a, long, true).await;
+    assert_eq!((renewed.mine, renewed.busy), (true, false), "A renews");
+    assert!(xid.is_some(), "a renewal writes");
+    for _ in 0..3 {
+        let (other, xid) = look(&mut conn, b, long, false).await;
+        assert_eq!((other.mine, other.busy), (false, true), "B sees A's, busy");
+        assert_eq!(
+            xid, None,
+            "B's look at A's live lease wrote (locked the row)"
+        );
+    }
+    // A's lease runs out (renewed for 1 ms); B takes it at its next look.
+    look(&mut conn, a, Duration::from_millis(1), false).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (taken, _) = look(&mut conn, b, long, false).await;
+    assert_eq!(
+        (taken.mine, taken.busy),
+        (true, false),
+        "B takes the lease that ran out"
+    );
+    let (other, xid) = look(&mut conn, a, long, false).await;
+    assert_eq!(
+        (other.mine, other.busy, xid),
+        (false, false, None),
+        "A only reads B's"
     );
 }
