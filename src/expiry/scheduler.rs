@@ -1,7 +1,7 @@
 //! The schedule: a cycle at once, then one per interval, and (unless
 //! `EXPIRATION_DEADLINE_WAKE=false`, and only on the instance that holds
 //! the [`Waker`]'s lease) one just after the next known deadline, at least
-//! `EXPIRATION_MIN_GAP` after the previous cycle ended. While it
+//! `EXPIRATION_MIN_GAP` after the previous cycle started. While it
 //! sleeps longer than a probe interval it reads the next deadline again
 //! every [`PROBE_INTERVAL`](super::wake::PROBE_INTERVAL), so a deadline
 //! written meanwhile is not left for the tick. The loop is sequential, so a
@@ -53,7 +53,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
         ))
     });
     let mut next_tick = Instant::now();
-    let mut last_end: Option<Instant> = None;
+    let mut last_start: Option<Instant> = None;
     let mut last_backlog: Option<Instant> = None;
     let mut next_deadline = None;
     let mut backlog = false;
@@ -81,7 +81,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                 &WakeInputs {
                     now: clock.now(),
                     until_tick: next_tick.saturating_duration_since(Instant::now()),
-                    since_last_cycle: last_end.map(|end| end.elapsed()),
+                    since_last_cycle: last_start.map(|start| start.elapsed()),
                     next_deadline,
                     backlog_left: backlog,
                     can_probe: probe_from.is_some(),
@@ -136,6 +136,7 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
             next_tick += policy.interval;
         }
         tracing::debug!(reason = reason.as_str(), "cycle wake-up");
+        last_start = Some(now);
         next_deadline = None;
         backlog = false;
         probe_from = None;
@@ -191,7 +192,6 @@ pub async fn run(worker: Arc<ExpiryWorker>, context: TaskContext, shutdown: Canc
                 );
             }
         }
-        last_end = Some(Instant::now());
         if reason == WakeReason::Tick
             || last_backlog.is_none_or(|t| t.elapsed() >= BACKLOG_INTERVAL)
         {

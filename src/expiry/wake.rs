@@ -5,10 +5,12 @@
 //! and clock trouble are all picked up by it. With deadline wake-up on, the
 //! scheduler also wakes just after the earliest deadline it saw at the end of
 //! the last cycle, so a booking expires within a moment of its deadline
-//! instead of up to a whole interval later. A minimum gap between the end of
-//! one cycle and the start of the next coalesces deadlines that lie close
-//! together into one cycle and bounds the database work however the
-//! deadlines fall.
+//! instead of up to a whole interval later. A minimum gap between the starts
+//! of two cycles coalesces deadlines that lie close together into one cycle
+//! and bounds the cycles a second however the deadlines fall. It is counted
+//! from the start, not the end, of the previous cycle: a cycle that took
+//! longer than the gap (a load that fills it) is followed at once while rows
+//! are due, not after another gap of idle time in which they wait.
 //!
 //! A local clock further ahead of the database clock than
 //! `EXPIRATION_MAX_CLOCK_SKEW` clamps `as_of`, so deadlines the local clock
@@ -60,7 +62,7 @@ pub struct WakePolicy {
     pub interval: Duration,
     /// Wake at the next known deadline as well as at the tick.
     pub deadline_wake: bool,
-    /// No cycle starts sooner than this after the previous one ended.
+    /// No cycle starts sooner than this after the previous one started.
     pub min_gap: Duration,
     /// With deadline wake-up on: a sleep longer than this is cut into
     /// probes of the next deadline this far apart ([`PROBE_INTERVAL`]).
@@ -74,7 +76,7 @@ pub struct WakeInputs {
     pub now: DateTime<Utc>,
     /// Time left until the next regular tick.
     pub until_tick: Duration,
-    /// Time since the last cycle ended (`None` before the first cycle).
+    /// Time since the last cycle started (`None` before the first cycle).
     pub since_last_cycle: Option<Duration>,
     /// The earliest deadline among active rows that was not yet due at the
     /// last cycle's `as_of` (`None`: no such row, or the probe failed).
@@ -330,7 +332,7 @@ mod tests {
 
     #[test]
     fn the_minimum_gap_coalesces_close_deadlines() {
-        // The last cycle ended 100 ms ago and the next deadline is 10 ms away:
+        // The last cycle started 100 ms ago and the next deadline is 10 ms away:
         // the cycle waits for the gap, and takes every deadline up to then.
         let now = at(0);
         let wake = next_wake(

@@ -15,6 +15,7 @@ use booking_expiration::{
     domain::Phase,
 };
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
+use diesel_async::{AsyncConnection, RunQueryDsl};
 use std::sync::Arc;
 
 /// The defaults: a 60 s interval and deadline wake-up on.
@@ -300,6 +301,70 @@ async fn rows_left_due_by_the_batch_cap_are_taken_after_the_gap_not_at_the_tick(
         db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
             .await,
         23
+    );
+}
+
+/// A cycle that takes longer than `EXPIRATION_MIN_GAP` (here a batch held
+/// on a lock of the outbox for 3.5 s, a gap of 3 s) is followed at once by
+/// the cycle of a deadline that passed meanwhile: the gap counts from the
+/// previous cycle's start, so it bounds the cycles a second without adding
+/// idle time after a long one. Counted from the end, the booking due during
+/// the long cycle waited another 3 s after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_longer_than_the_gap_is_followed_at_once_not_after_another_gap() {
+    let db = TestDb::new().await;
+    let due = NewBooking::new("Reserved").reserve_deadline(now() - ChronoDuration::minutes(1));
+    let during = NewBooking::new("Reserved").reserve_deadline(now() + ms(1_000));
+    db.insert_all(&[due.clone(), during.clone()]).await;
+
+    let mut holder = db.conn().await;
+    holder.begin_test_transaction().await.expect("begin");
+    diesel::sql_query("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
+        .execute(&mut holder)
+        .await
+        .expect("lock the outbox");
+    let gap = Duration::from_secs(3);
+    let scheduler = Scheduler::start(
+        &db,
+        ExpirySettings {
+            min_gap: gap,
+            ..default_settings()
+        },
+    );
+    let started = std::time::Instant::now();
+    let waiters = format!(
+        "SELECT count(*) AS n FROM pg_stat_activity \
+          WHERE datname = '{}' AND application_name = 'booking-expiration' \
+            AND wait_event_type = 'Lock'",
+        db.name
+    );
+    wait_until(
+        "the first cycle's batch to wait on the outbox lock",
+        Duration::from_secs(10),
+        || async { db.count(&waiters).await == 1 },
+    )
+    .await;
+    tokio::time::sleep((gap + Duration::from_millis(500)).saturating_sub(started.elapsed())).await;
+    let released = now();
+    drop(holder);
+
+    wait_expired(&db, during.id, Duration::from_secs(10)).await;
+    scheduler.stop().await;
+    let first = db.booking(due.id).await.expired_at.expect("expired");
+    let next = db.booking(during.id).await.expired_at.expect("expired");
+    assert!(first < released, "the first cycle took the due booking");
+    let after = next - released;
+    eprintln!(
+        "a cycle longer than the gap: the next one started {} ms after it could go on",
+        after.num_milliseconds()
+    );
+    // One commit and one probe of the next deadline after the release; the
+    // old schedule started the next cycle a whole gap (3 s) later.
+    assert!(
+        after < ChronoDuration::milliseconds(1_500),
+        "the booking due during the long cycle expired {} ms after the lock was released \
+         (the gap is {gap:?}): the next cycle waited for the gap after the long one",
+        after.num_milliseconds()
     );
 }
 
