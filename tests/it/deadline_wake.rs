@@ -332,16 +332,10 @@ async fn a_cycle_longer_than_the_gap_is_followed_at_once_not_after_another_gap()
         },
     );
     let started = std::time::Instant::now();
-    let waiters = format!(
-        "SELECT count(*) AS n FROM pg_stat_activity \
-          WHERE datname = '{}' AND application_name = 'booking-expiration' \
-            AND wait_event_type = 'Lock'",
-        db.name
-    );
     wait_until(
         "the first cycle's batch to wait on the outbox lock",
         Duration::from_secs(10),
-        || async { db.count(&waiters).await == 1 },
+        || async { db.worker_sessions("wait_event_type = 'Lock'").await == 1 },
     )
     .await;
     tokio::time::sleep((gap + Duration::from_millis(500)).saturating_sub(started.elapsed())).await;

@@ -421,16 +421,10 @@ async fn four_parallel_migrate_processes_all_succeed_and_apply_once() {
             Running::spawn(command)
         })
         .collect();
-    let waiting = format!(
-        "SELECT count(*) AS n FROM pg_stat_activity \
-          WHERE datname = '{}' AND application_name = 'booking-expiration' \
-            AND query ILIKE '%advisory_lock%'",
-        db.name
-    );
     wait_until(
         "the four runs to wait for the migration lock",
         Duration::from_secs(30),
-        || async { db.count(&waiting).await == 4 },
+        || async { db.worker_sessions("query ILIKE '%advisory_lock%'").await == 4 },
     )
     .await;
     // Deliberate fault timing: while the lock is held, nothing migrates.

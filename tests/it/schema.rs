@@ -186,16 +186,6 @@ fn migration_count() -> usize {
         .count()
 }
 
-/// The worker's sessions waiting for a lock in `db`.
-fn lock_waiters_sql(db: &TestDb) -> String {
-    format!(
-        "SELECT count(*) AS n FROM pg_stat_activity \
-          WHERE datname = '{}' AND application_name = 'booking-expiration' \
-            AND wait_event_type = 'Lock'",
-        db.name
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
     let db = TestDb::new().await;
@@ -225,11 +215,10 @@ async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
         let token = token.clone();
         tokio::spawn(async move { worker.run_cycle(&token).await })
     };
-    let waiters = lock_waiters_sql(&db);
     wait_until(
         "the batch to wait on the outbox lock",
         Duration::from_secs(10),
-        || async { db.count(&waiters).await == 1 },
+        || async { db.worker_sessions("wait_event_type = 'Lock'").await == 1 },
     )
     .await;
 
@@ -246,16 +235,10 @@ async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
     // Let the abandoned statement go on: the server finds the client gone
     // and rolls the transaction back.
     drop(holder);
-    let open = format!(
-        "SELECT count(*) AS n FROM pg_stat_activity \
-          WHERE datname = '{}' AND application_name = 'booking-expiration' \
-            AND xact_start IS NOT NULL",
-        db.name
-    );
     wait_until(
         "the abandoned batch's transaction to end",
         Duration::from_secs(10),
-        || async { db.count(&open).await == 0 },
+        || async { db.worker_sessions("xact_start IS NOT NULL").await == 0 },
     )
     .await;
     let mut conn = db.conn().await;

@@ -107,6 +107,17 @@ impl TestDb {
         .await;
     }
 
+    /// How many of the worker's sessions on this database meet `condition`
+    /// (SQL over `pg_stat_activity`, e.g. `wait_event_type = 'Lock'`).
+    pub async fn worker_sessions(&self, condition: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) AS n FROM pg_stat_activity \
+              WHERE datname = '{}' AND application_name = 'booking-expiration' AND ({condition})",
+            self.name
+        ))
+        .await
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         let mut conn = self.conn().await;
         testkit::postgres::count(&mut conn, sql)
