@@ -15,7 +15,6 @@ use booking_expiration::{
     domain::Phase,
 };
 use chrono::{DateTime, Duration as ChronoDuration, Utc};
-use diesel_async::{AsyncConnection, RunQueryDsl};
 use std::sync::Arc;
 
 /// The defaults: a 60 s interval and deadline wake-up on.
@@ -317,12 +316,7 @@ async fn a_cycle_longer_than_the_gap_is_followed_at_once_not_after_another_gap()
     let during = NewBooking::new("Reserved").reserve_deadline(now() + ms(1_000));
     db.insert_all(&[due.clone(), during.clone()]).await;
 
-    let mut holder = db.conn().await;
-    holder.begin_test_transaction().await.expect("begin");
-    diesel::sql_query("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
-        .execute(&mut holder)
-        .await
-        .expect("lock the outbox");
+    let holder = db.lock_outbox().await;
     let gap = Duration::from_secs(3);
     let scheduler = Scheduler::start(
         &db,

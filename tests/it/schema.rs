@@ -202,12 +202,7 @@ async fn a_batch_still_running_when_the_shutdown_grace_ends_rolls_back() {
     // Blocks the batch's write. The pool's sessions wait for a lock up to
     // their lock_timeout (the statement timeout, 30 s in tests), far past
     // the grace, so only the grace can end the batch.
-    let mut holder = db.conn().await;
-    holder.begin_test_transaction().await.expect("begin");
-    diesel::sql_query("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
-        .execute(&mut holder)
-        .await
-        .expect("lock the outbox");
+    let holder = db.lock_outbox().await;
 
     let token = CancellationToken::new();
     let cycle = {

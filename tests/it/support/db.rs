@@ -71,6 +71,19 @@ impl TestDb {
             .expect("connect to test database")
     }
 
+    /// A session holding an `EXCLUSIVE` lock on the outbox in an open
+    /// transaction: every batch's write waits on it until the session is
+    /// dropped.
+    pub async fn lock_outbox(&self) -> AsyncPgConnection {
+        let mut holder = self.conn().await;
+        holder.begin_test_transaction().await.expect("begin");
+        diesel::sql_query("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
+            .execute(&mut holder)
+            .await
+            .expect("lock the outbox");
+        holder
+    }
+
     pub fn worker(&self, clock: &ManualClock, batch_size: u32) -> ExpiryWorker {
         self.worker_with(clock, expiry_settings(batch_size))
     }
