@@ -26,6 +26,10 @@ GRANT INSERT, SELECT, UPDATE, DELETE ON booking_expiration_outbox TO booking_exp
 -- its partition).
 GRANT SELECT, INSERT, UPDATE ON booking_expiration_topic_layout TO booking_expiration;
 
+-- The outbox lag gauges' shared count (one row, written by `migrate`):
+-- read by every `run`, updated by the one whose turn it is to count.
+GRANT SELECT, UPDATE ON booking_expiration_outbox_lag TO booking_expiration;
+
 -- The deadline waker's lease (one row): taken, renewed and given up by the
 -- expiry of `run`.
 GRANT SELECT, INSERT, UPDATE, DELETE ON booking_expiration_waker TO booking_expiration;

@@ -2,7 +2,8 @@
 //! used by the expiring statement and by `republish`), the one reader (the
 //! lease claim), and the publisher's other statements: mark published,
 //! park, renew and release leases; put parked rows back; sweep old
-//! published rows; report the lag and the parked rows.
+//! published rows; report the lag and the parked rows, and share that
+//! count among the instances (`booking_expiration_outbox_lag`).
 //!
 //! # Leases
 //!
@@ -22,8 +23,10 @@ use std::sync::LazyLock;
 
 use chrono::{DateTime, Utc};
 use diesel::{
-    QueryableByName,
-    sql_types::{Array, BigInt, Binary, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid},
+    OptionalExtension, QueryableByName,
+    sql_types::{
+        Array, BigInt, Binary, Bool, Integer, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+    },
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
@@ -721,6 +724,99 @@ pub async fn stats(conn: &mut AsyncPgConnection) -> Result<OutboxStats, DbError>
     ))
     .get_result(conn)
     .await?)
+}
+
+/// The lag as the last instance that counted it left it
+/// (`booking_expiration_outbox_lag`, one row), and whether the next count
+/// is due, on the database's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
+pub struct SharedLag {
+    #[diesel(embed)]
+    pub stats: OutboxStats,
+    /// No count has been recorded yet (the row as the migration left it).
+    #[diesel(sql_type = Bool)]
+    pub never_counted: bool,
+    /// The next count's time has come.
+    #[diesel(sql_type = Bool)]
+    pub due: bool,
+    /// Milliseconds until the next count is due (0 once it is).
+    #[diesel(sql_type = BigInt)]
+    pub next_in_ms: i64,
+}
+
+const SHARED_LAG_COLUMNS: &str = "unpublished, oldest_unpublished_at, parked, \
+     counted_at = '-infinity' AS never_counted, \
+     next_at <= statement_timestamp() AS due, \
+     CASE WHEN next_at <= statement_timestamp() THEN 0 \
+          ELSE ceil(extract(epoch FROM next_at - statement_timestamp()) * 1000)::bigint \
+     END AS next_in_ms";
+
+/// Reads the shared count without locking it; `None` if its row is gone
+/// (deleted by hand: every instance then counts for itself).
+pub async fn shared_lag(conn: &mut AsyncPgConnection) -> Result<Option<SharedLag>, DbError> {
+    Ok(diesel::sql_query(format!(
+        "SELECT {SHARED_LAG_COLUMNS} FROM booking_expiration_outbox_lag WHERE id = 1"
+    ))
+    .get_result(conn)
+    .await
+    .optional()?)
+}
+
+/// Takes this transaction's turn to count the lag: locks the shared row if
+/// its next count is due and no other transaction holds it (`SKIP
+/// LOCKED`: an instance counting now). A row that is not due is not
+/// locked, so a look that finds nothing to do writes nothing. Returns
+/// whether the turn is this transaction's; it lasts until it ends, and a
+/// count that dies with its instance leaves the row unlocked and due.
+pub async fn take_lag_turn(conn: &mut AsyncPgConnection) -> Result<bool, DbError> {
+    let taken: Vec<SharedLag> = diesel::sql_query(format!(
+        "SELECT {SHARED_LAG_COLUMNS} FROM booking_expiration_outbox_lag \
+          WHERE id = 1 AND next_at <= statement_timestamp() FOR UPDATE SKIP LOCKED"
+    ))
+    .load(conn)
+    .await?;
+    Ok(!taken.is_empty())
+}
+
+/// Records a count of the lag (`None`: the count failed, only its next
+/// time is set, so a failing count is not tried by every instance at
+/// once) and when the next one is due, `pause` from now on the database's
+/// clock. Updates the row the migration wrote: without it (deleted by
+/// hand) nothing is shared and every instance counts for itself.
+pub async fn record_lag(
+    conn: &mut AsyncPgConnection,
+    stats: Option<&OutboxStats>,
+    pause: std::time::Duration,
+) -> Result<(), DbError> {
+    let pause_ms = i64::try_from(pause.as_millis()).unwrap_or(i64::MAX);
+    match stats {
+        Some(stats) => {
+            diesel::sql_query(
+                "UPDATE booking_expiration_outbox_lag \
+                    SET unpublished = $1, oldest_unpublished_at = $2, parked = $3, \
+                        counted_at = statement_timestamp(), \
+                        next_at = statement_timestamp() + $4 * interval '1 millisecond' \
+                  WHERE id = 1",
+            )
+            .bind::<BigInt, _>(stats.unpublished)
+            .bind::<Nullable<Timestamptz>, _>(stats.oldest_unpublished_at)
+            .bind::<BigInt, _>(stats.parked)
+            .bind::<BigInt, _>(pause_ms)
+            .execute(conn)
+            .await?
+        }
+        None => {
+            diesel::sql_query(
+                "UPDATE booking_expiration_outbox_lag \
+                    SET next_at = statement_timestamp() + $1 * interval '1 millisecond' \
+                  WHERE id = 1",
+            )
+            .bind::<BigInt, _>(pause_ms)
+            .execute(conn)
+            .await?
+        }
+    };
+    Ok(())
 }
 
 #[cfg(test)]

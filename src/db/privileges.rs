@@ -133,6 +133,18 @@ pub const GRANTS: &[Grant] = &[
         needed_by: &[Use::Wake],
     },
     Grant {
+        table: "booking_expiration_outbox_lag",
+        privilege: "SELECT",
+        columns: &[],
+        needed_by: &[Use::Lag],
+    },
+    Grant {
+        table: "booking_expiration_outbox_lag",
+        privilege: "UPDATE",
+        columns: &[],
+        needed_by: &[Use::Lag],
+    },
+    Grant {
         table: "booking_expiration_topic_layout",
         privilege: "SELECT",
         columns: &[],

@@ -17,15 +17,17 @@ use crate::{
 
 /// How often the lag gauges are refreshed, at most.
 pub const STATS_INTERVAL: Duration = Duration::from_secs(5);
-/// A refresh waits at least this many times as long as the last count took:
-/// counting the unpublished rows reads every one of them, so a backlog of
-/// millions (an outage's) would otherwise spend a core on its own gauge
-/// while it drains. Up to [`STATS_PAUSE_MAX`], the count costs at most
-/// 1/`STATS_PAUSE_FACTOR` of one connection's time, whatever the backlog.
+/// The next count waits at least this many times as long as the last one
+/// took: counting the unpublished rows reads every one of them, so a
+/// backlog of millions (an outage's) would otherwise spend a core on its
+/// own gauge while it drains. Up to [`STATS_PAUSE_MAX`], the count costs at
+/// most 1/`STATS_PAUSE_FACTOR` of one connection's time, whatever the
+/// backlog and however many instances run (one counts at a time).
 const STATS_PAUSE_FACTOR: u32 = 50;
-/// The longest pause between two refreshes: the gauges are what the lag
+/// The longest pause between two counts: the gauges are what the lag
 /// alerts read (5 min windows), so they are never older than this plus one
-/// count. A count that took longer than `STATS_PAUSE_MAX /
+/// count (and [`STATS_INTERVAL`] on an instance that looked while another
+/// counted). A count that took longer than `STATS_PAUSE_MAX /
 /// STATS_PAUSE_FACTOR` (1.2 s: about 2,000,000 unpublished rows, warm) costs
 /// more than 1/50 of a connection from there on.
 const STATS_PAUSE_MAX: Duration = Duration::from_secs(60);
@@ -55,6 +57,13 @@ where
 
 /// Refreshes `outbox_unpublished`, `outbox_oldest_unpublished_age_seconds`
 /// and `outbox_parked`.
+///
+/// Every `run` keeps these gauges, but one instance at a time counts: the
+/// count is shared in `booking_expiration_outbox_lag` with the time of the
+/// next one (database clock), and the instance that finds that time come
+/// and the row unlocked counts, holding the row, while the others read
+/// what it left ([`Refresh`]). N instances cost the database one count per
+/// pause, not N.
 #[derive(Clone)]
 pub struct LagStats {
     pool: PgPool,
@@ -68,6 +77,52 @@ impl std::fmt::Debug for LagStats {
     }
 }
 
+/// What one refresh of the lag gauges did.
+#[derive(Debug)]
+pub enum Refresh {
+    /// This instance's turn: it counted, recorded the count for the others,
+    /// and the next count is due after `pause`.
+    Counted {
+        stats: outbox::OutboxStats,
+        pause: Duration,
+    },
+    /// This instance's turn, but the count failed (a statement timeout on a
+    /// huge backlog): only the next count's time was recorded, `pause`
+    /// away, as after a count that ended, so the instances do not all
+    /// retry it at once.
+    Failed { error: DbError, pause: Duration },
+    /// Another instance's count, read; the next is due in `next_in`.
+    Read {
+        stats: outbox::OutboxStats,
+        next_in: Duration,
+    },
+    /// Another instance is counting now; the gauges keep the last count
+    /// (`None`: none was recorded yet).
+    Busy { last: Option<outbox::OutboxStats> },
+}
+
+impl Refresh {
+    /// How long until the next refresh: the pause this count set, the time
+    /// left until the next count (at most [`STATS_PAUSE_MAX`]), or, while
+    /// another instance counts, [`STATS_INTERVAL`].
+    pub fn wait(&self) -> Duration {
+        match self {
+            Self::Counted { pause, .. } | Self::Failed { pause, .. } => *pause,
+            Self::Read { next_in, .. } => (*next_in).min(STATS_PAUSE_MAX),
+            Self::Busy { .. } => STATS_INTERVAL,
+        }
+    }
+
+    /// The lag this refresh shows, if it has one.
+    pub fn stats(&self) -> Option<&outbox::OutboxStats> {
+        match self {
+            Self::Counted { stats, .. } | Self::Read { stats, .. } => Some(stats),
+            Self::Busy { last } => last.as_ref(),
+            Self::Failed { .. } => None,
+        }
+    }
+}
+
 impl LagStats {
     pub fn new(context: &TaskContext) -> Self {
         Self {
@@ -77,44 +132,91 @@ impl LagStats {
         }
     }
 
-    /// Reads the outbox lag once and sets the gauges.
+    /// Counts the outbox lag now, whoever's turn it is, and sets the gauges
+    /// (not recorded for the other instances).
     pub async fn run_once(&self) -> Result<outbox::OutboxStats, DbError> {
         let mut conn = self.pool.get().await?;
-        self.count_on(&mut conn).await
-    }
-
-    async fn count_on(&self, conn: &mut AsyncPgConnection) -> Result<outbox::OutboxStats, DbError> {
         // Every unit of work is a transaction (see `db`), a read too.
         let stats = conn
             .transaction(async |conn| outbox::stats(conn).await)
             .await?;
+        self.show(&stats);
+        Ok(stats)
+    }
+
+    /// One refresh: counts if it is this instance's turn, else reads the
+    /// shared count; sets the gauges from whichever it has.
+    pub async fn refresh(&self) -> Result<Refresh, DbError> {
+        let mut conn = self.pool.get().await?;
+        self.refresh_on(&mut conn).await
+    }
+
+    async fn refresh_on(&self, conn: &mut AsyncPgConnection) -> Result<Refresh, DbError> {
+        let refresh = conn
+            .transaction(async |conn| {
+                // A plain read first: a look at a count that is not due
+                // locks nothing and writes nothing.
+                if let Some(shared) = outbox::shared_lag(conn).await? {
+                    if !shared.due {
+                        return Ok(Refresh::Read {
+                            stats: shared.stats,
+                            next_in: Duration::from_millis(
+                                u64::try_from(shared.next_in_ms).unwrap_or(0),
+                            ),
+                        });
+                    }
+                    if !outbox::take_lag_turn(conn).await? {
+                        return Ok(Refresh::Busy {
+                            last: (!shared.never_counted).then_some(shared.stats),
+                        });
+                    }
+                }
+                // This transaction holds the row (or it is gone: nothing is
+                // shared). The count runs in a savepoint, so one that fails
+                // still records when the next is due.
+                let started = tokio::time::Instant::now();
+                let counted = conn
+                    .transaction(async |conn| outbox::stats(conn).await)
+                    .await;
+                let pause = stats_pause(started.elapsed());
+                outbox::record_lag(conn, counted.as_ref().ok(), pause).await?;
+                Ok::<_, DbError>(match counted {
+                    Ok(stats) => Refresh::Counted { stats, pause },
+                    Err(error) => Refresh::Failed { error, pause },
+                })
+            })
+            .await?;
+        if let Some(stats) = refresh.stats() {
+            self.show(stats);
+        }
+        Ok(refresh)
+    }
+
+    fn show(&self, stats: &outbox::OutboxStats) {
         self.metrics.outbox_unpublished.set(stats.unpublished);
         self.metrics.outbox_parked.set(stats.parked);
         let age = stats
             .oldest_unpublished_at
             .map_or(0, |oldest| (self.clock.now() - oldest).num_seconds().max(0));
         self.metrics.outbox_oldest_unpublished_age_seconds.set(age);
-        Ok(stats)
     }
 
-    /// [`Self::run_once`] at once, then after [`stats_pause`] of the time
-    /// the count held its connection, until `shutdown`. A count that failed
-    /// (a statement timeout on a huge backlog) waits as one that ended
-    /// does; a refresh that got no connection (the database down, the pool
-    /// busy) ran no count and is tried again after [`STATS_INTERVAL`].
+    /// [`Self::refresh`] at once, then after [`Refresh::wait`], until
+    /// `shutdown`. A refresh that failed outside the count (the database
+    /// down, the pool busy) is tried again after [`STATS_INTERVAL`].
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
-            let (refreshed, pause) = match self.pool.get().await {
-                Ok(mut conn) => {
-                    let started = tokio::time::Instant::now();
-                    let counted = self.count_on(&mut conn).await;
-                    (counted.map(drop), stats_pause(started.elapsed()))
+            let pause = match self.refresh().await {
+                Ok(Refresh::Failed { error, pause }) => {
+                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+                    pause
                 }
-                Err(error) => (Err(DbError::from(error)), STATS_INTERVAL),
+                Ok(refresh) => refresh.wait(),
+                Err(error) => {
+                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+                    STATS_INTERVAL
+                }
             };
-            if let Err(error) = refreshed {
-                tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-            }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,

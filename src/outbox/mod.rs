@@ -41,7 +41,7 @@ mod tests;
 
 pub use kafka::{KafkaError, KafkaTransport};
 pub use listener::{ListenError, listen_for_commits};
-pub use maintenance::{LagStats, RetentionSweep};
+pub use maintenance::{LagStats, Refresh, RetentionSweep};
 #[cfg(any(test, feature = "testkit"))]
 pub use memory::{MemoryStore, ScriptedTransport};
 pub use pipeline::{CORRUPT_ROW, Published};

@@ -13,9 +13,10 @@ use std::{
 use crate::support::*;
 use booking_expiration::{
     config::KafkaSettings,
+    context::TaskContext,
     outbox::{
-        ErrorClass, KafkaTransport, LagStats, OutgoingRecord, RetentionSweep, ScriptedTransport,
-        SendError, Transport, memory::Answer,
+        ErrorClass, KafkaTransport, LagStats, OutgoingRecord, Refresh, RetentionSweep,
+        ScriptedTransport, SendError, Transport, memory::Answer,
     },
     telemetry::BrokerState,
 };
@@ -374,6 +375,102 @@ async fn stats_and_retention_run_at_once_and_stop_on_shutdown() {
             .expect("stops on shutdown")
             .unwrap();
     }
+}
+
+/// Two instances' lag gauges on one database: the first to look counts
+/// and records the count with the time of the next; the other reads it and
+/// does not count before that time (rows written meanwhile show in the
+/// next count, whoever makes it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_share_one_count_of_the_lag() {
+    let db = TestDb::new().await;
+    expire_into_outbox(&db, 10, TOPIC).await;
+    let (a_context, b_context) = (lag_context(&db), lag_context(&db));
+    let (a, b) = (LagStats::new(&a_context), LagStats::new(&b_context));
+
+    let refresh = a.refresh().await.unwrap();
+    let Refresh::Counted { stats, pause } = refresh else {
+        panic!("the first look counts: {refresh:?}")
+    };
+    assert_eq!(stats.unpublished, 10);
+    assert_eq!(
+        pause,
+        Duration::from_secs(5),
+        "a quick count: the shortest pause"
+    );
+
+    expire_into_outbox(&db, 5, TOPIC).await;
+    let refresh = b.refresh().await.unwrap();
+    let Refresh::Read { stats, next_in } = refresh else {
+        panic!("before the next count is due, B reads A's: {refresh:?}")
+    };
+    assert_eq!(stats.unpublished, 10, "A's count, not B's own");
+    assert!(
+        next_in > Duration::from_secs(3) && next_in <= pause,
+        "{next_in:?}"
+    );
+    assert_eq!(b_context.metrics.outbox_unpublished.get(), 10);
+    assert_eq!(refresh.wait(), next_in);
+
+    // The next count is due: whoever looks first counts, the other reads.
+    db.exec_sql("UPDATE booking_expiration_outbox_lag SET next_at = now()")
+        .await;
+    let refresh = b.refresh().await.unwrap();
+    assert!(
+        matches!(refresh, Refresh::Counted { stats, .. } if stats.unpublished == 15),
+        "{refresh:?}"
+    );
+    let refresh = a.refresh().await.unwrap();
+    assert!(
+        matches!(refresh, Refresh::Read { stats, .. } if stats.unpublished == 15),
+        "{refresh:?}"
+    );
+    assert_eq!(a_context.metrics.outbox_unpublished.get(), 15);
+}
+
+/// While one instance counts (it holds the shared row), another that looks
+/// does not wait for it and does not count too: it keeps the last count
+/// and looks again after the stats interval. A count that dies with its
+/// instance leaves the row due and unlocked: the next look counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_under_way_is_not_repeated_and_one_that_dies_is_taken_over() {
+    let db = TestDb::new().await;
+    expire_into_outbox(&db, 7, TOPIC).await;
+    let context = lag_context(&db);
+    let stats = LagStats::new(&context);
+
+    // Another instance's count: its transaction holds the due row.
+    let counting = db
+        .holding("SELECT 1 FROM booking_expiration_outbox_lag WHERE id = 1 FOR UPDATE")
+        .await;
+    let refresh = tokio::time::timeout(Duration::from_secs(2), stats.refresh())
+        .await
+        .expect("a look does not wait for a count under way")
+        .unwrap();
+    assert!(
+        matches!(refresh, Refresh::Busy { last: None }),
+        "nothing counted yet: {refresh:?}"
+    );
+    assert_eq!(refresh.wait(), Duration::from_secs(5));
+    assert_eq!(
+        context.metrics.outbox_unpublished.get(),
+        0,
+        "no count shown"
+    );
+
+    // That instance dies mid-count.
+    drop(counting);
+    let refresh = stats.refresh().await.unwrap();
+    assert!(
+        matches!(refresh, Refresh::Counted { stats, .. } if stats.unpublished == 7),
+        "{refresh:?}"
+    );
+    assert_eq!(context.metrics.outbox_unpublished.get(), 7);
+}
+
+/// An instance's lag gauges: its own metrics, the same clock.
+fn lag_context(db: &TestDb) -> TaskContext {
+    TaskContext::new(db.pool.clone(), Arc::new(clock()))
 }
 
 // ---- broker readiness ----

@@ -163,6 +163,7 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
         "booking_expiration_audit",
         "booking_expiration_outbox",
         "booking_expiration_outbox_notify",
+        "booking_expiration_outbox_lag",
         "booking_expiration_topic_layout",
         "booking_expiration_waker",
     ] {
@@ -425,8 +426,10 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let mut harness = AsyncMigrationHarness::new(db.conn().await);
     // Diesel names a migration by its version, the folder name's digits.
     // The replay's audit indexes, the outbox leases, their owner, the claim
-    // by partition and the waker came after the lean_outbox migration.
+    // by partition, the waker and the shared lag count came after the
+    // lean_outbox migration.
     for expected in [
+        "20261207000001",
         "20261206000004",
         "20261206000003",
         "20261206000002",
@@ -459,6 +462,6 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let applied = db::migrate::run_migrations(&db.settings)
         .await
         .expect("the migration applies again");
-    assert_eq!(applied.len(), 8, "{applied:?}");
+    assert_eq!(applied.len(), 9, "{applied:?}");
     assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
 }

@@ -75,12 +75,19 @@ impl TestDb {
     /// transaction: every batch's write waits on it until the session is
     /// dropped.
     pub async fn lock_outbox(&self) -> AsyncPgConnection {
+        self.holding("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
+            .await
+    }
+
+    /// A session that ran `sql` in a transaction it keeps open (the locks
+    /// `sql` took are held) until the session is dropped.
+    pub async fn holding(&self, sql: &str) -> AsyncPgConnection {
         let mut holder = self.conn().await;
         holder.begin_test_transaction().await.expect("begin");
-        diesel::sql_query("LOCK TABLE booking_expiration_outbox IN EXCLUSIVE MODE")
+        diesel::sql_query(sql)
             .execute(&mut holder)
             .await
-            .expect("lock the outbox");
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
         holder
     }
 
