@@ -736,27 +736,29 @@ pub struct SharedLag {
     /// No count has been recorded yet (the row as the migration left it).
     #[diesel(sql_type = Bool)]
     pub never_counted: bool,
-    /// The next count's time has come.
-    #[diesel(sql_type = Bool)]
-    pub due: bool,
     /// Milliseconds until the next count is due (0 once it is).
     #[diesel(sql_type = BigInt)]
     pub next_in_ms: i64,
 }
 
-const SHARED_LAG_COLUMNS: &str = "unpublished, oldest_unpublished_at, parked, \
-     counted_at = '-infinity' AS never_counted, \
-     next_at <= statement_timestamp() AS due, \
-     CASE WHEN next_at <= statement_timestamp() THEN 0 \
-          ELSE ceil(extract(epoch FROM next_at - statement_timestamp()) * 1000)::bigint \
-     END AS next_in_ms";
+impl SharedLag {
+    /// The next count's time has come.
+    pub fn due(&self) -> bool {
+        self.next_in_ms == 0
+    }
+}
 
 /// Reads the shared count without locking it; `None` if its row is gone
 /// (deleted by hand: every instance then counts for itself).
 pub async fn shared_lag(conn: &mut AsyncPgConnection) -> Result<Option<SharedLag>, DbError> {
-    Ok(diesel::sql_query(format!(
-        "SELECT {SHARED_LAG_COLUMNS} FROM booking_expiration_outbox_lag WHERE id = 1"
-    ))
+    Ok(diesel::sql_query(
+        "SELECT unpublished, oldest_unpublished_at, parked, \
+                counted_at = '-infinity' AS never_counted, \
+                CASE WHEN next_at <= statement_timestamp() THEN 0 \
+                     ELSE ceil(extract(epoch FROM next_at - statement_timestamp()) * 1000)::bigint \
+                END AS next_in_ms \
+           FROM booking_expiration_outbox_lag WHERE id = 1",
+    )
     .get_result(conn)
     .await
     .optional()?)
@@ -769,13 +771,13 @@ pub async fn shared_lag(conn: &mut AsyncPgConnection) -> Result<Option<SharedLag
 /// whether the turn is this transaction's; it lasts until it ends, and a
 /// count that dies with its instance leaves the row unlocked and due.
 pub async fn take_lag_turn(conn: &mut AsyncPgConnection) -> Result<bool, DbError> {
-    let taken: Vec<SharedLag> = diesel::sql_query(format!(
-        "SELECT {SHARED_LAG_COLUMNS} FROM booking_expiration_outbox_lag \
-          WHERE id = 1 AND next_at <= statement_timestamp() FOR UPDATE SKIP LOCKED"
-    ))
-    .load(conn)
+    let taken = diesel::sql_query(
+        "SELECT 1 FROM booking_expiration_outbox_lag \
+          WHERE id = 1 AND next_at <= statement_timestamp() FOR UPDATE SKIP LOCKED",
+    )
+    .execute(conn)
     .await?;
-    Ok(!taken.is_empty())
+    Ok(taken == 1)
 }
 
 /// Records a count of the lag (`None`: the count failed, only its next

@@ -157,7 +157,7 @@ impl LagStats {
                 // A plain read first: a look at a count that is not due
                 // locks nothing and writes nothing.
                 if let Some(shared) = outbox::shared_lag(conn).await? {
-                    if !shared.due {
+                    if !shared.due() {
                         return Ok(Refresh::Read {
                             stats: shared.stats,
                             next_in: Duration::from_millis(
@@ -206,17 +206,14 @@ impl LagStats {
     /// down, the pool busy) is tried again after [`STATS_INTERVAL`].
     pub async fn run(self, shutdown: CancellationToken) {
         loop {
-            let pause = match self.refresh().await {
-                Ok(Refresh::Failed { error, pause }) => {
-                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-                    pause
-                }
-                Ok(refresh) => refresh.wait(),
-                Err(error) => {
-                    tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
-                    STATS_INTERVAL
-                }
+            let (pause, failed) = match self.refresh().await {
+                Ok(Refresh::Failed { error, pause }) => (pause, Some(error)),
+                Ok(refresh) => (refresh.wait(), None),
+                Err(error) => (STATS_INTERVAL, Some(error)),
             };
+            if let Some(error) = failed {
+                tracing::warn!(error = %ErrorChain(&error), "outbox stats not refreshed");
+            }
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
