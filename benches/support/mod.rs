@@ -265,8 +265,12 @@ struct OneText {
     v: String,
 }
 
-/// The PostgreSQL cluster and the Kafka broker of this run; both are
-/// stopped (and their folder removed) on drop and on Ctrl-C.
+/// Whether the switch in the environment variable `name` is on: set, not
+/// empty and not `0`.
+pub fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
 /// The comma-separated list in the environment variable `name` (`what` its
 /// items, for the error), or `None` when it is unset or empty: a figure's
 /// own values overridden for trying (committed runs use the defaults).
@@ -286,6 +290,8 @@ where
     }
 }
 
+/// The PostgreSQL cluster and the Kafka broker of this run; both are
+/// stopped (and their folder removed) on drop and on Ctrl-C.
 pub struct Services {
     pub work: PathBuf,
     pub admin_url: String,

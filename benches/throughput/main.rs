@@ -146,7 +146,7 @@ fn selected_figures() -> Result<Vec<&'static str>> {
 /// limits the run), `scaling.svg` and `deadline-wake.svg` (each when the
 /// run measured a figure it shows), and prints the tables.
 async fn run() -> Result<()> {
-    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+    let quick = support::env_flag("BENCH_QUICK");
     let mode = if quick { "quick" } else { "full" };
     let only = selected_figures()?;
     let partial = only.len() < results::FIGURES.len();

@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail};
 use booking_expiration::{events::key_hash, outbox::Timing};
 use diesel::{
     QueryableByName,
-    sql_types::{Array, Binary, Double, Integer, Text},
+    sql_types::{Array, BigInt, Binary, Double, Integer, Text},
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
@@ -34,7 +34,8 @@ use super::deadline_wake::fresh_db;
 use crate::{
     progress,
     support::{
-        Services, Stat, create_topic, env_list, kafka_client, loadavg, records_on, tree_cpu_ms,
+        Services, Stat, create_topic, env_flag, env_list, kafka_client, loadavg, records_on,
+        tree_cpu_ms,
     },
 };
 
@@ -93,6 +94,7 @@ fn repetitions(rows: u64, quick: bool) -> usize {
 
 pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
     let sizes = sizes(quick)?;
+    let checkpoints = env_flag("BENCH_DRAIN_CHECKPOINT");
     let started = Instant::now();
     let loadavg_at_start = loadavg();
     progress!(
@@ -111,7 +113,7 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
         let template = template(svc, rows, &topic).await?;
         let (mut rate, mut cpu, mut wal) = (Vec::new(), Vec::new(), Vec::new());
         for k in 0..repetitions(rows, quick) {
-            let run = drain_once(svc, &template, &topic, rows).await?;
+            let run = drain_once(svc, &template, &topic, rows, checkpoints).await?;
             progress!(
                 "drain {rows} #{k}: {:.0} events/s, PostgreSQL {:.1} ms CPU and {:.0} bytes of WAL per 1,000 events",
                 run.events_per_s,
@@ -218,20 +220,25 @@ fn lease_ms() -> i64 {
     i64::try_from(Timing::default().lease.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Drains a copy of `template` into `topic` with `run --no-worker`.
-async fn drain_once(svc: &Services, template: &str, topic: &str, rows: u64) -> Result<Drained> {
+/// Drains a copy of `template` into `topic` with `run --no-worker`; with
+/// `checkpoints` (`BENCH_DRAIN_CHECKPOINT=1`, a diagnosis, not the
+/// committed figure) the drain starts from a checkpoint, with no page of
+/// the copy left to write, and its CPU includes the checkpoint that writes
+/// back the pages it dirtied, as a drain too long to end between two
+/// checkpoints pays within it.
+async fn drain_once(
+    svc: &Services,
+    template: &str,
+    topic: &str,
+    rows: u64,
+    checkpoints: bool,
+) -> Result<Drained> {
     let db = svc.copy(template).await?;
     let url = svc.url_of(&db);
     let client = kafka_client(svc).await?;
     let before = records_on(&client, topic, PARTITIONS).await?;
     let mut admin = AsyncPgConnection::establish(&url).await?;
     let postmaster = svc.postmaster_pid()?;
-    // `BENCH_DRAIN_CHECKPOINT=1` (a diagnosis, not the committed figure):
-    // every drain starts from a checkpoint, with no page of the copy left
-    // to write, and its CPU includes the checkpoint that writes back the
-    // pages it dirtied, as a drain too long to end between two
-    // checkpoints pays within it.
-    let checkpoints = std::env::var("BENCH_DRAIN_CHECKPOINT").is_ok_and(|v| v == "1");
     if checkpoints {
         admin.batch_execute("CHECKPOINT").await?;
     }
@@ -303,7 +310,7 @@ async fn drain_once(svc: &Services, template: &str, topic: &str, rows: u64) -> R
                  - (min(claimed_until) - $1 * interval '1 millisecond'))::float8 AS seconds \
            FROM booking_expiration_outbox",
     )
-    .bind::<diesel::sql_types::BigInt, _>(lease_ms())
+    .bind::<BigInt, _>(lease_ms())
     .get_result::<Span>(&mut admin)
     .await?
     .seconds;
