@@ -14,7 +14,8 @@
 //! more times than a large one ([`repetitions`]). Measured per repetition:
 //! events/s from the first claim to the last mark (the process's start
 //! left out), PostgreSQL's CPU (`support::tree_cpu_ms` of the postmaster,
-//! autovacuum included) and WAL per 1,000 events over the drain.
+//! autovacuum included, the backend of the bench's own queries left out)
+//! and WAL per 1,000 events over the drain.
 //! Goals (issue #41): 200,000 rows at >= 0.9x the events/s of 20,000,
 //! 2,000,000 at >= 0.8x; CPU per event within 1.2x across the sizes.
 
@@ -30,12 +31,12 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::deadline_wake::fresh_db;
+use super::{deadline_wake::fresh_db, drain_stats::Counters};
 use crate::{
     progress,
     support::{
         Services, Stat, create_topic, env_flag, env_list, kafka_client, loadavg, records_on,
-        tree_cpu_ms,
+        run_time_ms, tree_cpu_ms,
     },
 };
 
@@ -92,9 +93,42 @@ fn repetitions(rows: u64, quick: bool) -> usize {
     least.max(usize::try_from(total / rows.max(1)).unwrap_or(least))
 }
 
+/// Diagnoses of the figure, none of them in the committed run: switched
+/// on by `BENCH_DRAIN_CHECKPOINT=1`, `BENCH_DRAIN_STATS=1` and
+/// `BENCH_DRAIN_FILLFACTOR` (the outbox's fill factor in the templates
+/// instead of the migrations').
+#[derive(Debug, Clone, Default)]
+struct Diagnoses {
+    /// Each drain starts from a checkpoint, and its CPU includes the one
+    /// after it ([`drain_once`]).
+    checkpoints: bool,
+    /// The server's counters per drain ([`super::drain_stats`]).
+    stats: bool,
+    fillfactor: Option<u32>,
+}
+
+impl Diagnoses {
+    fn from_env() -> Result<Self> {
+        let fillfactor = match std::env::var("BENCH_DRAIN_FILLFACTOR") {
+            Ok(v) if !v.is_empty() => Some(
+                v.parse()
+                    .ok()
+                    .filter(|f| (10..=100).contains(f))
+                    .with_context(|| format!("BENCH_DRAIN_FILLFACTOR={v}: not 10-100"))?,
+            ),
+            _ => None,
+        };
+        Ok(Self {
+            checkpoints: env_flag("BENCH_DRAIN_CHECKPOINT"),
+            stats: env_flag("BENCH_DRAIN_STATS"),
+            fillfactor,
+        })
+    }
+}
+
 pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
     let sizes = sizes(quick)?;
-    let checkpoints = env_flag("BENCH_DRAIN_CHECKPOINT");
+    let diagnoses = Diagnoses::from_env()?;
     let started = Instant::now();
     let loadavg_at_start = loadavg();
     progress!(
@@ -110,10 +144,10 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
         // One topic per size: each repetition appends its rows to it.
         let topic = format!("bench-drain-{rows}-{}", Uuid::new_v4().simple());
         create_topic(svc, &topic, PARTITIONS).await?;
-        let template = template(svc, rows, &topic).await?;
+        let template = template(svc, rows, &topic, &diagnoses).await?;
         let (mut rate, mut cpu, mut wal) = (Vec::new(), Vec::new(), Vec::new());
         for k in 0..repetitions(rows, quick) {
-            let run = drain_once(svc, &template, &topic, rows, checkpoints).await?;
+            let run = drain_once(svc, &template, &topic, rows, &diagnoses).await?;
             progress!(
                 "drain {rows} #{k}: {:.0} events/s, PostgreSQL {:.1} ms CPU and {:.0} bytes of WAL per 1,000 events",
                 run.events_per_s,
@@ -141,10 +175,19 @@ pub async fn measure(svc: &Services, quick: bool) -> Result<DrainFigure> {
 
 /// A migrated database holding `rows` unpublished outbox rows of `topic`
 /// (laid out in 3 partitions), vacuumed.
-async fn template(svc: &Services, rows: u64, topic: &str) -> Result<String> {
+async fn template(svc: &Services, rows: u64, topic: &str, diagnoses: &Diagnoses) -> Result<String> {
     let db = fresh_db(svc, &format!("drain_tpl_{rows}")).await?;
     let mut conn = AsyncPgConnection::establish(&svc.url_of(&db)).await?;
     let started = Instant::now();
+    if let Some(fillfactor) = diagnoses.fillfactor {
+        conn.batch_execute(&format!(
+            "ALTER TABLE booking_expiration_outbox SET (fillfactor = {fillfactor})"
+        ))
+        .await?;
+    }
+    if diagnoses.stats {
+        super::drain_stats::prepare(&mut conn).await;
+    }
     diesel::sql_query(
         "INSERT INTO booking_expiration_topic_layout (topic, partitions, read_at) \
          VALUES ($2, $1, now())",
@@ -215,24 +258,40 @@ async fn wal_now(conn: &mut AsyncPgConnection) -> Result<f64> {
     .wal)
 }
 
+/// The pid of the backend serving `conn`.
+async fn backend_pid(conn: &mut AsyncPgConnection) -> Result<u32> {
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = Integer)]
+        pid: i32,
+    }
+    let row: Pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result(conn)
+        .await?;
+    Ok(u32::try_from(row.pid)?)
+}
+
 /// The lease `run` writes with a claim, in milliseconds.
 fn lease_ms() -> i64 {
     i64::try_from(Timing::default().lease.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Drains a copy of `template` into `topic` with `run --no-worker`; with
-/// `checkpoints` (`BENCH_DRAIN_CHECKPOINT=1`, a diagnosis, not the
-/// committed figure) the drain starts from a checkpoint, with no page of
-/// the copy left to write, and its CPU includes the checkpoint that writes
-/// back the pages it dirtied, as a drain too long to end between two
-/// checkpoints pays within it.
+/// Drains a copy of `template` into `topic` with `run --no-worker`. The
+/// CPU is the cluster's less the backend that serves the bench's own
+/// queries (the poll for the last marks reads the whole table). With
+/// `diagnoses.checkpoints` (`BENCH_DRAIN_CHECKPOINT=1`, not the committed
+/// figure) the drain starts from a checkpoint, with no page of the copy
+/// left to write, and its CPU includes the checkpoint that writes back the
+/// pages it dirtied, as a drain too long to end between two checkpoints
+/// pays within it.
 async fn drain_once(
     svc: &Services,
     template: &str,
     topic: &str,
     rows: u64,
-    checkpoints: bool,
+    diagnoses: &Diagnoses,
 ) -> Result<Drained> {
+    let checkpoints = diagnoses.checkpoints;
     let db = svc.copy(template).await?;
     let url = svc.url_of(&db);
     let client = kafka_client(svc).await?;
@@ -242,7 +301,15 @@ async fn drain_once(
     if checkpoints {
         admin.batch_execute("CHECKPOINT").await?;
     }
-    let (cpu0, wal0) = (tree_cpu_ms(postmaster), wal_now(&mut admin).await?);
+    let own = backend_pid(&mut admin).await?;
+    let counters = match diagnoses.stats {
+        true => Some(Counters::read(&mut admin).await?),
+        false => None,
+    };
+    let (cpu0, wal0) = (
+        tree_cpu_ms(postmaster) - run_time_ms(own),
+        wal_now(&mut admin).await?,
+    );
     let log = svc.work.join(format!("{db}-drain.log"));
     let file = std::fs::File::create(&log)?;
     let mut child = tokio::process::Command::new(BINARY)
@@ -299,7 +366,10 @@ async fn drain_once(
     if checkpoints {
         admin.batch_execute("CHECKPOINT").await?;
     }
-    let (cpu1, wal1) = (tree_cpu_ms(postmaster), wal_now(&mut admin).await?);
+    let (cpu1, wal1) = (
+        tree_cpu_ms(postmaster) - run_time_ms(own),
+        wal_now(&mut admin).await?,
+    );
     // From the first claim (its statement's time: the lease it wrote less
     // the lease's length; a drain renews none) to the last mark. From the
     // first mark instead, the first claim (up to `OUTBOX_BATCH_SIZE` x 16
@@ -316,6 +386,9 @@ async fn drain_once(
     .seconds;
     let _ = child.start_kill();
     let _ = child.wait().await;
+    if let Some(before) = counters {
+        Counters::report(&before, &mut admin, rows).await?;
+    }
     drop(admin);
     svc.drop_db(&db).await?;
     let events = rows as f64;

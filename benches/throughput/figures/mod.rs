@@ -5,6 +5,7 @@
 
 pub mod deadline_wake;
 pub mod drain;
+pub mod drain_stats;
 pub mod end_to_end;
 pub mod expiry;
 pub mod idle;
