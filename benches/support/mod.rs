@@ -265,6 +265,20 @@ struct OneText {
     v: String,
 }
 
+/// The pid of the PostgreSQL backend serving `conn` (its CPU is the
+/// bench's own, left out of what a figure measures: [`run_time_ms`]).
+pub async fn backend_pid(conn: &mut AsyncPgConnection) -> Result<u32> {
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    let row: Pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
+        .get_result(conn)
+        .await?;
+    Ok(u32::try_from(row.pid)?)
+}
+
 /// Whether the switch in the environment variable `name` is on: set, not
 /// empty and not `0`.
 pub fn env_flag(name: &str) -> bool {

@@ -35,8 +35,8 @@ use super::{deadline_wake::fresh_db, drain_stats::Counters};
 use crate::{
     progress,
     support::{
-        Services, Stat, create_topic, env_flag, env_list, kafka_client, loadavg, records_on,
-        run_time_ms, tree_cpu_ms,
+        Services, Stat, backend_pid, create_topic, env_flag, env_list, kafka_client, loadavg,
+        records_on, run_time_ms, tree_cpu_ms,
     },
 };
 
@@ -258,19 +258,6 @@ async fn wal_now(conn: &mut AsyncPgConnection) -> Result<f64> {
     .wal)
 }
 
-/// The pid of the backend serving `conn`.
-async fn backend_pid(conn: &mut AsyncPgConnection) -> Result<u32> {
-    #[derive(QueryableByName)]
-    struct Pid {
-        #[diesel(sql_type = Integer)]
-        pid: i32,
-    }
-    let row: Pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result(conn)
-        .await?;
-    Ok(u32::try_from(row.pid)?)
-}
-
 /// The lease `run` writes with a claim, in milliseconds.
 fn lease_ms() -> i64 {
     i64::try_from(Timing::default().lease.as_millis()).unwrap_or(i64::MAX)
@@ -302,9 +289,10 @@ async fn drain_once(
         admin.batch_execute("CHECKPOINT").await?;
     }
     let own = backend_pid(&mut admin).await?;
-    let counters = match diagnoses.stats {
-        true => Some(Counters::read(&mut admin).await?),
-        false => None,
+    let counters = if diagnoses.stats {
+        Some(Counters::read(&mut admin).await?)
+    } else {
+        None
     };
     let (cpu0, wal0) = (
         tree_cpu_ms(postmaster) - run_time_ms(own),

@@ -38,7 +38,7 @@ use booking_expiration::{db::bookings, domain::Phase};
 use chrono::{DateTime, Utc};
 use diesel::{
     QueryableByName,
-    sql_types::{BigInt, Double, Integer, Timestamptz},
+    sql_types::{BigInt, Double, Timestamptz},
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde::{Deserialize, Serialize};
@@ -51,8 +51,8 @@ use crate::{
     phase_sql::due_deadline_expr,
     progress,
     support::{
-        Services, create_topic, env_list, kafka_client, loadavg, machine_cpu_ms, pid_cpu_ms,
-        process_cpu_ms, records_on, run_time_ms, tree_cpu_ms, wall_now,
+        Services, backend_pid, create_topic, env_list, kafka_client, loadavg, machine_cpu_ms,
+        pid_cpu_ms, process_cpu_ms, records_on, run_time_ms, tree_cpu_ms, wall_now,
     },
 };
 
@@ -266,12 +266,6 @@ async fn reading(
 }
 
 #[derive(QueryableByName)]
-struct Pid {
-    #[diesel(sql_type = Integer)]
-    pid: i32,
-}
-
-#[derive(QueryableByName)]
 struct Unpublished {
     #[diesel(sql_type = BigInt)]
     n: i64,
@@ -339,10 +333,7 @@ async fn run_step(
         "sustained: the insert took too long ({took:.1} s): the first deadline is {margin:.1} s away"
     );
     let mut monitor = AsyncPgConnection::establish(&url).await?;
-    let monitor_pid = diesel::sql_query("SELECT pg_backend_pid() AS pid")
-        .get_result::<Pid>(&mut monitor)
-        .await?
-        .pid as u32;
+    let monitor_pid = backend_pid(&mut monitor).await?;
     let loadavg_at_start = loadavg();
     sleep_until(first - secs(0.2)).await;
     for instance in &mut instances {
