@@ -5,13 +5,31 @@ use std::{
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::OnceLock,
 };
 
 use anyhow::{Context, Result, ensure};
 
-/// The repository root (where `scripts/` lives).
+/// The repository root (where `scripts/` lives): the folder above the
+/// running test's package (`CARGO_MANIFEST_DIR` as cargo sets it when it
+/// runs a test or bench, else the working folder) that holds
+/// `scripts/test.sh`. Found at run time: a build cache shared by clones in
+/// other folders (CI's clean clone, the one worked in) keeps this crate's
+/// compiled copy while its sources are unchanged, and a path taken at
+/// compile time would name the clone that built it, or one gone since.
 pub fn repo() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+    static REPO: OnceLock<PathBuf> = OnceLock::new();
+    REPO.get_or_init(|| {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::current_dir().ok())
+            .and_then(|dir| {
+                dir.ancestors()
+                    .find(|d| d.join("scripts").join("test.sh").is_file())
+                    .map(Path::to_path_buf)
+            })
+            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")))
+    })
 }
 
 /// `bash scripts/NAME`, run from the repository root, stdin closed.
