@@ -81,7 +81,7 @@
 //! 3. `pipeline`, `memory`, `kafka`, `maintenance`, `listener`
 //! 4. `queues`
 //! 5. `partition`
-//! 6. `store`, `report`, `timing`, `transport`
+//! 6. `store`, `report`, `scan`, `timing`, `transport`
 //!
 //! ## Rooms of `config`
 //!

@@ -246,12 +246,11 @@ pub struct PartitionRoom {
     pub partition: i32,
     pub room: u32,
     /// Only rows with a greater id (0: from the partition's first row).
-    /// While a partition drains a backlog, each claim starts where the one
-    /// before it ended, so the rows it published (whose index entries stay
-    /// until VACUUM removes them) are not walked again: a claim costs what
-    /// it takes, not the rows drained before it. See
-    /// `Queues::claimed_through` for when the scan starts again from the
-    /// first row.
+    /// Each claim starts where the one before it ended, so the rows it
+    /// published (whose index entries stay until VACUUM removes them) are
+    /// not walked again: a claim costs what it takes, not the rows drained
+    /// before it. The publisher's `Scan` says when the scan starts again
+    /// from the first row.
     pub after: i64,
 }
 
@@ -477,20 +476,36 @@ pub async fn renew(
 }
 
 /// Ends `owner`'s leases of `ids` (it will not send them: it is stopping,
-/// or had no room): another instance may claim them at once.
+/// or had no room): another instance may claim them at once, and is told
+/// so at the commit (they are behind its scan).
 pub async fn release(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
     owner: LeaseOwner,
 ) -> Result<usize, DbError> {
-    Ok(diesel::sql_query(
+    let released = diesel::sql_query(
         "UPDATE booking_expiration_outbox SET claimed_until = NULL, claimed_by = NULL \
           WHERE id = ANY($1) AND published_at IS NULL AND claimed_by = $2",
     )
     .bind::<Array<BigInt>, _>(ids)
     .bind::<SqlUuid, _>(owner.0)
     .execute(conn)
-    .await?)
+    .await?;
+    if released > 0 {
+        notify_publishers(conn).await?;
+    }
+    Ok(released)
+}
+
+/// Notifies the insert trigger's channel, delivered at the commit: rows
+/// came back for any claim (released, put back from the parked ones), so
+/// the publishers wake at once rather than at their next poll, and look
+/// behind their scans.
+async fn notify_publishers(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
+    diesel::sql_query("SELECT pg_notify('booking_expiration_outbox', '')")
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Marks `owner`'s rows among `ids` published at `at`. A row another
@@ -627,11 +642,7 @@ pub async fn unpark(conn: &mut AsyncPgConnection, which: &Unpark) -> Result<usiz
         }
     };
     if put_back > 0 {
-        // The insert trigger's channel: publishers wake at once rather
-        // than at their next poll.
-        diesel::sql_query("SELECT pg_notify('booking_expiration_outbox', '')")
-            .execute(conn)
-            .await?;
+        notify_publishers(conn).await?;
     }
     Ok(put_back)
 }

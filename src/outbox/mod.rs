@@ -32,6 +32,7 @@ mod pipeline;
 pub mod publisher;
 mod queues;
 mod report;
+mod scan;
 pub mod store;
 pub mod timing;
 pub mod transport;

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use crate::backoff::Backoff;
 
 use super::{
+    scan::Scan,
     timing::Timing,
     transport::{ErrorClass, OutgoingRecord, SendError},
 };
@@ -72,9 +73,8 @@ pub(crate) struct PartitionQueue {
     /// After a refusal of several records: at most `cap` records per
     /// request until the `left` rows of the refused request are through.
     split: Option<(usize, usize)>,
-    /// The next claim asks for this partition's rows past this id (0: from
-    /// its first row), see [`crate::db::outbox::PartitionRoom::after`].
-    pub(crate) claim_after: i64,
+    /// Where the next claim of this partition's rows starts.
+    pub(crate) scan: Scan,
 }
 
 impl PartitionQueue {
@@ -87,7 +87,7 @@ impl PartitionQueue {
             retry: Backoff::with_rng(timing.retry_first, timing.retry_max, rng),
             failing: None,
             split: None,
-            claim_after: 0,
+            scan: Scan::default(),
         }
     }
 

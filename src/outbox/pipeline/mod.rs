@@ -222,7 +222,12 @@ impl<'a, T: Transport, S: Store> Run<'a, T, S> {
                 Event::Handed(Some(handed)) => self.handed(handed),
                 Event::Handed(None) => self.intake = None,
                 Event::Stop => self.stopping = Some(now + self.parts.timing.stop_wait),
-                Event::Wake => self.more = true,
+                Event::Wake => {
+                    // A commit notification: rows may have come back
+                    // behind the partitions' scans, new ones may wait.
+                    self.queues.rows_announced();
+                    self.more = true;
+                }
                 Event::Timer if now >= self.next_poll => {
                     self.more = true;
                     self.next_poll = now + self.parts.timing.poll_interval;

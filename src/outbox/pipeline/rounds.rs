@@ -66,10 +66,11 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
         if round.is_empty() {
             return;
         }
-        if round.claim.is_some() {
+        if let Some(claim) = &round.claim {
             // Taken now: what arrives from here on (a notification, a
             // partition that drained) asks for the next claim.
             self.more = false;
+            self.queues.claim_asked(&claim.partitions, now);
             self.skipped = room;
         }
         let store = Arc::clone(&self.parts.store);
@@ -125,8 +126,13 @@ impl<T: Transport, S: Store> Run<'_, T, S> {
                         self.more = true;
                     }
                     for (asked, (taken, last)) in claim.partitions.iter().zip(took.partitions) {
-                        self.queues.claimed_through(asked, taken, last);
+                        self.queues.claimed_through(asked, taken, last, now);
                     }
+                }
+                if !round.release.is_empty() {
+                    // Released behind the scans (the statement notifies
+                    // the other instances).
+                    self.queues.rows_announced();
                 }
                 for (topic, _) in &round.layouts {
                     // Rows laid out into its partitions, behind their scans.

@@ -353,7 +353,7 @@ impl Queues {
                         count,
                         partition: partition as i32,
                         room: u32::try_from(free).unwrap_or(u32::MAX),
-                        after: queue.claim_after,
+                        after: queue.scan.after(),
                     }),
                 }
             }
@@ -361,23 +361,49 @@ impl Queues {
         room
     }
 
+    /// A claim is on its way with `partitions`, asked at `now` (see
+    /// [`Scan`](crate::outbox::scan::Scan)).
+    pub(crate) fn claim_asked(&mut self, partitions: &[PartitionRoom], now: Instant) {
+        for asked in partitions {
+            if let Some(queue) = self.queue_asked(asked) {
+                queue.scan.asked(now);
+            }
+        }
+    }
+
     /// A claim `asked` a partition for its room and took `taken` rows, the
-    /// greatest id of them `last`. A claim that took its whole room stopped
-    /// inside a backlog: the next one goes on past `last`. One that took
-    /// less came to the end of the partition's claimable rows, and the next
-    /// starts at its first row again. So a row that became claimable behind
-    /// the scan (its lease ended unsent, it was released, put back from the
-    /// parked rows, or committed after a row with a greater id) is found
-    /// once the partition's backlog is through: no later than a row written
-    /// at that moment would be.
-    pub(crate) fn claimed_through(&mut self, asked: &PartitionRoom, taken: u32, last: i64) {
-        let queue = self
-            .topics
+    /// greatest id of them `last`; where the partition's next claim starts
+    /// ([`Scan`](crate::outbox::scan::Scan)).
+    pub(crate) fn claimed_through(
+        &mut self,
+        asked: &PartitionRoom,
+        taken: u32,
+        last: i64,
+        now: Instant,
+    ) {
+        let lease = self.timing.lease;
+        if let Some(queue) = self.queue_asked(asked) {
+            queue
+                .scan
+                .claimed(asked.after, asked.room, (taken, last), now, lease);
+        }
+    }
+
+    /// The queue a claim asked for, while the topic has the partition
+    /// count it was asked with.
+    fn queue_asked(&mut self, asked: &PartitionRoom) -> Option<&mut PartitionQueue> {
+        self.topics
             .get_mut(&asked.topic)
             .filter(|t| t.partitions.len() == usize::try_from(asked.count).unwrap_or(0))
-            .and_then(|t| t.partitions.get_mut(usize::try_from(asked.partition).ok()?));
-        if let Some(queue) = queue {
-            queue.claim_after = if taken >= asked.room { last } else { 0 };
+            .and_then(|t| t.partitions.get_mut(usize::try_from(asked.partition).ok()?))
+    }
+
+    /// Rows may have come back behind every partition's scan: a commit
+    /// notification (a late commit, a release, rows put back from the
+    /// parked ones), or rows this instance released.
+    pub(crate) fn rows_announced(&mut self) {
+        for queue in self.topics.values_mut().flat_map(|t| &mut t.partitions) {
+            queue.scan.announce();
         }
     }
 
@@ -386,7 +412,7 @@ impl Queues {
     pub(crate) fn claim_from_start(&mut self, topic: &str) {
         if let Some(t) = self.topics.get_mut(topic) {
             for queue in &mut t.partitions {
-                queue.claim_after = 0;
+                queue.scan.restart();
             }
         }
     }
