@@ -96,7 +96,8 @@ fn repetitions(rows: u64, quick: bool) -> usize {
 /// Diagnoses of the figure, none of them in the committed run: switched
 /// on by `BENCH_DRAIN_CHECKPOINT=1`, `BENCH_DRAIN_STATS=1` and
 /// `BENCH_DRAIN_FILLFACTOR` (the outbox's fill factor in the templates
-/// instead of the migrations').
+/// instead of the migrations') and `BENCH_DRAIN_DROP_INDEX` (indexes of the
+/// outbox the templates drop, comma-separated: what one costs the drain).
 #[derive(Debug, Clone, Default)]
 struct Diagnoses {
     /// Each drain starts from a checkpoint, and its CPU includes the one
@@ -105,6 +106,7 @@ struct Diagnoses {
     /// The server's counters per drain ([`super::drain_stats`]).
     stats: bool,
     fillfactor: Option<u32>,
+    drop_indexes: Vec<String>,
 }
 
 impl Diagnoses {
@@ -118,10 +120,25 @@ impl Diagnoses {
             ),
             _ => None,
         };
+        let drop_indexes: Vec<String> = std::env::var("BENCH_DRAIN_DROP_INDEX")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect();
+        if let Some(bad) = drop_indexes.iter().find(|name| {
+            !name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        }) {
+            bail!("BENCH_DRAIN_DROP_INDEX: {bad:?} is not an index name (a-z, 0-9, _)");
+        }
         Ok(Self {
             checkpoints: env_flag("BENCH_DRAIN_CHECKPOINT"),
             stats: env_flag("BENCH_DRAIN_STATS"),
             fillfactor,
+            drop_indexes,
         })
     }
 }
@@ -187,6 +204,9 @@ async fn template(svc: &Services, rows: u64, topic: &str, diagnoses: &Diagnoses)
     }
     if diagnoses.stats {
         super::drain_stats::prepare(&mut conn).await;
+    }
+    for index in &diagnoses.drop_indexes {
+        conn.batch_execute(&format!("DROP INDEX {index}")).await?;
     }
     diesel::sql_query(
         "INSERT INTO booking_expiration_topic_layout (topic, partitions, read_at) \
