@@ -16,8 +16,8 @@ use tokio::time::Instant;
 ///   greater id (the insert trigger), rows released by their instance, rows
 ///   put back from the parked ones (`outbox retry`). Once a claim comes
 ///   back short after such a notification (the partition's backlog is
-///   through), the next starts from the first row, as today's rows would
-///   be found: no later than a row written at that moment.
+///   through), the next starts from the first row: such a row is found no
+///   later than a row written at that moment would be.
 /// - **A lease that ran out.** A row whose instance died while it held the
 ///   lease (or whose handoff never reached the publisher) comes back when
 ///   its lease ends, and nobody says so. The scan starts from the first row
