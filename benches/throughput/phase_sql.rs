@@ -39,8 +39,9 @@ pub fn phase_sql(phase: Phase) -> PhaseSql {
 }
 
 /// The raw-SQL limit of one expiry batch of `phase`: lock, update, audit
-/// and outbox in ONE statement, one transaction per batch. Same rows, same
-/// columns, same audit and outbox rows as the worker; the payload is built
+/// and outbox (with the outbox rows' event records) in ONE statement, one
+/// transaction per batch. Same rows, same columns, same audit and outbox
+/// rows as the worker; the payload is built
 /// in SQL with the same fields (UUID strings, phase, timestamp), so its size
 /// is close to the worker's protobuf (both sizes are recorded); `headers`
 /// says which headers the outbox row gets.
@@ -82,15 +83,20 @@ pub fn raw_batch_sql(phase: Phase, headers: RawHeaders) -> String {
     INSERT INTO booking_expiration_audit
            (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at)
     SELECT id, tenant_id, from_status, '{target}', 'system', $3, $1 FROM e
+), o AS (
+    INSERT INTO booking_expiration_outbox
+           (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
+    SELECT event_id, $4, id::text,
+           convert_to(concat_ws('|', event_id, 1, 'Booking', id, tenant_id, deal_id,
+                                property_object_id, '{proto_phase}', $5::text, $3::uuid, version),
+                      'UTF8'),
+           {headers},
+           $3, tenant_id, $7
+      FROM e
+    RETURNING id, event_id
 )
-INSERT INTO booking_expiration_outbox
-       (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, created_at)
-SELECT event_id, $4, id::text,
-       convert_to(concat_ws('|', event_id, 1, 'Booking', id, tenant_id, deal_id, property_object_id,
-                            '{proto_phase}', $5::text, $3::uuid, version), 'UTF8'),
-       {headers},
-       $3, tenant_id, $7
-  FROM e",
+INSERT INTO booking_expiration_outbox_event (event_id, replay_id, outbox_id)
+SELECT event_id, NULL, id FROM o",
         deadline = bookings::deadline_column(phase),
     )
 }

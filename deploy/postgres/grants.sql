@@ -21,6 +21,12 @@ GRANT INSERT, SELECT ON booking_expiration_audit TO booking_expiration;
 -- back by outbox retry.
 GRANT INSERT, SELECT, UPDATE, DELETE ON booking_expiration_outbox TO booking_expiration;
 
+-- The outbox rows' event records (which event, which replay): written with
+-- each outbox row by an expiry and by republish, read by republish (is the
+-- event still waiting?) and by the publisher's deletes (retention), which
+-- delete them with their rows.
+GRANT INSERT, SELECT, DELETE ON booking_expiration_outbox_event TO booking_expiration;
+
 -- Topics' partition counts: written by the publisher when it reads a
 -- topic's metadata, read by every writer of outbox rows (each new row gets
 -- its partition).

@@ -368,8 +368,8 @@ pub struct ExpiryWrite {
     pub message: OutboxMessage,
 }
 
-/// The transitions, their audit rows and their outbox rows in one
-/// statement. Each update is conditioned on the version and status that
+/// The transitions, their audit rows and their outbox rows (with their
+/// event records, [`outbox::record_events_sql`]) in one statement. Each update is conditioned on the version and status that
 /// were read, so a row changed by anyone else since is left alone and gets
 /// neither audit nor outbox row. Returns the ids actually expired.
 /// Parameters in order: `$1`-`$7` the per-booking arrays, in the order of
@@ -412,8 +412,11 @@ WITH input AS (
 ), queued AS (
     {queue}
     RETURNING id, event_id
+), recorded AS (
+    {record}
 )
 SELECT i.id, q.id AS outbox_id FROM input i JOIN queued q ON q.event_id = i.event_id",
+        record = outbox::record_events_sql("queued", "NULL"),
         messages = MessageColumns::params(8),
         names = MessageColumns::NAMES,
     )

@@ -1,5 +1,6 @@
 //! The outbox repository: the one writer of outbox rows (its column list,
-//! used by the expiring statement and by `republish`), the one reader (the
+//! used by the expiring statement and by `republish`) and of their event
+//! records (`booking_expiration_outbox_event`), the one reader (the
 //! lease claim), and the publisher's other statements: mark published,
 //! park, renew and release leases; put parked rows back; sweep old
 //! published rows; report the lag and the parked rows, and share that
@@ -71,6 +72,60 @@ pub(crate) fn insert_sql(values: OutboxValues<'_>) -> String {
                 {count}, {message}.key_hash % {count} \
          {from}"
     )
+}
+
+/// Records the events of new outbox rows in `booking_expiration_outbox_event`
+/// (one row each, never updated: its unique index on `(event_id,
+/// replay_id)` gets one entry per event, where an index of the outbox
+/// would get one more on every update that leaves its page). `rows` is the
+/// alias of the inserted rows (`id`, `event_id`); `replay_id` the value
+/// expression of the replay that wrote them (`NULL`: originals). A second
+/// original of an event, or a second row of one replay for an event, fails
+/// the statement with a unique violation.
+pub(crate) fn record_events_sql(rows: &str, replay_id: &str) -> String {
+    format!(
+        "INSERT INTO booking_expiration_outbox_event (event_id, replay_id, outbox_id) \
+         SELECT {rows}.event_id, {replay_id}, {rows}.id FROM {rows}"
+    )
+}
+
+/// Whether an outbox row of event `event_id` (an SQL expression) waits to
+/// be sent (unpublished, parked or not): a lookup by event id through
+/// `booking_expiration_outbox_event`'s unique index.
+pub(crate) fn event_waiting_sql(event_id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM booking_expiration_outbox_event e \
+                   JOIN booking_expiration_outbox o ON o.id = e.outbox_id \
+                  WHERE e.event_id = {event_id} AND o.published_at IS NULL)"
+    )
+}
+
+/// `WITH gone AS ({delete} RETURNING id, event_id)`, the event records of
+/// the deleted rows deleted with them, and the number of outbox rows
+/// deleted as `n`. The records are found by the arrays of the deleted
+/// rows' event ids (through the unique index) and ids: a join with `gone`
+/// would leave the plan to a guess of its size, and a generic plan's guess
+/// hashes the whole records table.
+fn delete_with_events_sql(delete: &str) -> String {
+    format!(
+        "WITH gone AS ({delete} RETURNING id, event_id), \
+              forgotten AS (DELETE FROM booking_expiration_outbox_event e \
+                             WHERE e.event_id = ANY(ARRAY(SELECT event_id FROM gone)) \
+                               AND e.outbox_id = ANY(ARRAY(SELECT id FROM gone))) \
+         SELECT count(*) AS n FROM gone"
+    )
+}
+
+#[derive(QueryableByName)]
+struct Deleted {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+impl Deleted {
+    fn count(self) -> usize {
+        usize::try_from(self.n).unwrap_or(0)
+    }
 }
 
 /// The value expressions of [`insert_sql`]: `message` is the alias of a row
@@ -675,40 +730,48 @@ pub async fn parked_rows(
     .await?)
 }
 
-/// Deletes `owner`'s rows among `ids` (retention zero: nothing is kept
-/// once published; a row another instance claimed since is left to it, as
-/// in [`mark_published`]).
+/// Deletes `owner`'s rows among `ids` with their event records (retention
+/// zero: nothing is kept once published; a row another instance claimed
+/// since is left to it, as in [`mark_published`]).
 pub async fn delete_rows(
     conn: &mut AsyncPgConnection,
     ids: &[i64],
     owner: LeaseOwner,
 ) -> Result<usize, DbError> {
-    Ok(diesel::sql_query(
-        "DELETE FROM booking_expiration_outbox WHERE id = ANY($1) AND claimed_by = $2",
-    )
-    .bind::<Array<BigInt>, _>(ids)
-    .bind::<SqlUuid, _>(owner.0)
-    .execute(conn)
-    .await?)
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        delete_with_events_sql(
+            "DELETE FROM booking_expiration_outbox WHERE id = ANY($1) AND claimed_by = $2",
+        )
+    });
+    let deleted: Deleted = diesel::sql_query(SQL.as_str())
+        .bind::<Array<BigInt>, _>(ids)
+        .bind::<SqlUuid, _>(owner.0)
+        .get_result(conn)
+        .await?;
+    Ok(deleted.count())
 }
 
-/// Deletes up to `limit` rows published before `cutoff`; small batches keep
-/// each transaction short.
+/// Deletes up to `limit` rows published before `cutoff` with their event
+/// records; small batches keep each transaction short.
 pub async fn delete_published_before(
     conn: &mut AsyncPgConnection,
     cutoff: DateTime<Utc>,
     limit: u32,
 ) -> Result<usize, DbError> {
-    Ok(diesel::sql_query(
-        "DELETE FROM booking_expiration_outbox WHERE id IN (\
-             SELECT id FROM booking_expiration_outbox \
-             WHERE published_at IS NOT NULL AND published_at < $1 \
-             LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    )
-    .bind::<Timestamptz, _>(cutoff)
-    .bind::<BigInt, _>(i64::from(limit))
-    .execute(conn)
-    .await?)
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        delete_with_events_sql(
+            "DELETE FROM booking_expiration_outbox WHERE id IN (\
+                 SELECT id FROM booking_expiration_outbox \
+                 WHERE published_at IS NOT NULL AND published_at < $1 \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+    });
+    let deleted: Deleted = diesel::sql_query(SQL.as_str())
+        .bind::<Timestamptz, _>(cutoff)
+        .bind::<BigInt, _>(i64::from(limit))
+        .get_result(conn)
+        .await?;
+    Ok(deleted.count())
 }
 
 /// The outbox lag. Parked rows are counted apart: they wait for an

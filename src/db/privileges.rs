@@ -109,6 +109,24 @@ pub const GRANTS: &[Grant] = &[
         needed_by: &[Use::Publish],
     },
     Grant {
+        table: "booking_expiration_outbox_event",
+        privilege: "INSERT",
+        columns: &[],
+        needed_by: &[Use::Expire, Use::Republish],
+    },
+    Grant {
+        table: "booking_expiration_outbox_event",
+        privilege: "SELECT",
+        columns: &[],
+        needed_by: &[Use::Publish, Use::Republish],
+    },
+    Grant {
+        table: "booking_expiration_outbox_event",
+        privilege: "DELETE",
+        columns: &[],
+        needed_by: &[Use::Publish],
+    },
+    Grant {
         table: "booking_expiration_waker",
         privilege: "SELECT",
         columns: &[],
@@ -297,6 +315,7 @@ mod tests {
                 "UPDATE bookings",
                 "INSERT booking_expiration_audit",
                 "INSERT booking_expiration_outbox",
+                "INSERT booking_expiration_outbox_event",
                 "SELECT booking_expiration_topic_layout"
             ]
         );

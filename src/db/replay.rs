@@ -314,16 +314,22 @@ pub struct ReplayWrite {
 
 /// New outbox rows of replay `replay_id`; an event with a row still waiting
 /// to be sent (unpublished: the original, an earlier replay's, or a parked
-/// one) is skipped, and so is one this replay already enqueued. Returns the
-/// event ids enqueued. `$1` topic, `$2` created_at, `$3` replay id, `$4`
-/// the correlation ids, `$5`-`$10` the messages ([`MessageColumns`]).
+/// one) is skipped, and so is one this replay already enqueued. Both are
+/// found through the event records ([`outbox::record_events_sql`]); the
+/// rows written are recorded in the same statement, so a concurrent run
+/// with the same replay id fails with a unique violation instead of
+/// enqueueing an event twice. Returns the event ids enqueued. `$1` topic,
+/// `$2` created_at, `$3` replay id, `$4` the correlation ids, `$5`-`$10`
+/// the messages ([`MessageColumns`]).
 static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
     let from = format!(
         "FROM unnest($4::uuid[], {messages}) AS i(correlation_id, {names}) \
-         WHERE NOT EXISTS (SELECT 1 FROM booking_expiration_outbox o \
-                            WHERE o.event_id = i.event_id AND o.published_at IS NULL)",
+         WHERE NOT {waiting} \
+           AND NOT EXISTS (SELECT 1 FROM booking_expiration_outbox_event r \
+                            WHERE r.event_id = i.event_id AND r.replay_id = $3)",
         messages = MessageColumns::params(5),
         names = MessageColumns::NAMES,
+        waiting = outbox::event_waiting_sql("i.event_id"),
     );
     let insert = outbox::insert_sql(OutboxValues {
         message: "i",
@@ -335,7 +341,11 @@ static ENQUEUE_SQL: LazyLock<String> = LazyLock::new(|| {
         claimed_by: "NULL",
         from: &from,
     });
-    format!("{insert} ON CONFLICT (event_id, replay_id) DO NOTHING RETURNING event_id")
+    format!(
+        "WITH queued AS ({insert} RETURNING id, event_id), recorded AS ({record}) \
+         SELECT event_id FROM queued",
+        record = outbox::record_events_sql("queued", "$3::uuid"),
+    )
 });
 
 #[derive(QueryableByName)]

@@ -517,6 +517,7 @@ async fn retention_removes_only_old_published_rows() {
     assert_eq!(published.published, 20);
     // Ten more, not published.
     expire_into_outbox(&db, 10, &topic).await;
+    assert_eq!(db.event_records().await, (30, 30), "one record per row");
     let context = TaskContext::new(db.pool.clone(), Arc::new(clock.clone()));
     let retention = RetentionSweep::new(&context, settings.retention);
     assert_eq!(retention.run_once().await.unwrap(), 0, "within retention");
@@ -526,6 +527,11 @@ async fn retention_removes_only_old_published_rows() {
         db.unpublished().await,
         10,
         "unpublished rows are never swept"
+    );
+    assert_eq!(
+        db.event_records().await,
+        (10, 10),
+        "the records of swept rows go with them"
     );
     let stats = LagStats::new(&context).run_once().await.unwrap();
     assert_eq!(stats.unpublished, 10);

@@ -106,8 +106,10 @@ async fn marked_only_after_the_ack(retention_zero: bool) {
     .await;
     if retention_zero {
         assert_eq!(db.outbox_rows().await, 0);
+        assert_eq!(db.event_records().await, (0, 0));
     } else {
         assert_eq!(db.published().await, 30);
+        assert_eq!(db.event_records().await, (30, 30));
     }
     shutdown.cancel();
     assert_eq!(run.await.unwrap().published, 30);

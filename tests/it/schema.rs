@@ -164,6 +164,7 @@ async fn down_migrations_remove_only_what_the_worker_owns() {
         "booking_expiration_outbox",
         "booking_expiration_outbox_notify",
         "booking_expiration_outbox_lag",
+        "booking_expiration_outbox_event",
         "booking_expiration_topic_layout",
         "booking_expiration_waker",
     ] {
@@ -351,7 +352,8 @@ async fn names(db: &TestDb, sql: &str) -> Vec<String> {
 
 const WORKER_INDEXES: &str = "SELECT indexname AS name FROM pg_indexes \
      WHERE schemaname = 'public' \
-       AND tablename IN ('booking_expiration_audit', 'booking_expiration_outbox')";
+       AND tablename IN ('booking_expiration_audit', 'booking_expiration_outbox', \
+                         'booking_expiration_outbox_event')";
 const HEADERS_TYPE: &str = "SELECT data_type AS name FROM information_schema.columns \
      WHERE table_name = 'booking_expiration_outbox' AND column_name = 'headers'";
 
@@ -372,7 +374,7 @@ async fn the_worker_tables_carry_only_the_indexes_their_queries_use() {
             "ix_booking_expiration_outbox_claim",
             "ix_booking_expiration_outbox_parked",
             "ix_booking_expiration_outbox_published_at",
-            "ux_booking_expiration_outbox_event_id_replay_id",
+            "ux_booking_expiration_outbox_event",
         ]
     );
     assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
@@ -410,25 +412,17 @@ async fn the_worker_tables_carry_only_the_indexes_their_queries_use() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let db = TestDb::new().await;
-    let row = |replay_id: &str| {
-        format!(
-            "INSERT INTO booking_expiration_outbox \
-                (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, \
-                 created_at, published_at, replay_id) \
-             VALUES ('6c1f3b1e-9a52-4d0b-8c43-2f7e5d9a0b11', 't', 'k', '\\x01', \
-                     '{{\"ce_id\": \"6c1f3b1e-9a52-4d0b-8c43-2f7e5d9a0b11\"}}', \
-                     gen_random_uuid(), gen_random_uuid(), now(), now(), {replay_id})"
-        )
-    };
     // The original, published; its republished copy, published too.
-    db.exec_sql(&row("NULL")).await;
-    db.exec_sql(&row("gen_random_uuid()")).await;
+    db.exec_sql(&earlier_release_row("NULL", "now()")).await;
+    db.exec_sql(&earlier_release_row("gen_random_uuid()", "now()"))
+        .await;
     let mut harness = AsyncMigrationHarness::new(db.conn().await);
     // Diesel names a migration by its version, the folder name's digits.
     // The replay's audit indexes, the outbox leases, their owner, the claim
-    // by partition, the waker and the shared lag count came after the
-    // lean_outbox migration.
+    // by partition, the waker, the shared lag count and the event records
+    // came after the lean_outbox migration.
     for expected in [
+        "20261208000001",
         "20261207000001",
         "20261206000004",
         "20261206000003",
@@ -462,6 +456,99 @@ async fn the_lean_outbox_migration_reverts_over_a_republished_event() {
     let applied = db::migrate::run_migrations(&db.settings)
         .await
         .expect("the migration applies again");
-    assert_eq!(applied.len(), 9, "{applied:?}");
+    assert_eq!(applied.len(), 10, "{applied:?}");
     assert_eq!(names(&db, HEADERS_TYPE).await, ["json"]);
+}
+
+/// An outbox row as the earlier release wrote it, of event `EVENT`:
+/// published or not, the original (`replay_id` `NULL`) or a replay's.
+fn earlier_release_row(replay_id: &str, published_at: &str) -> String {
+    format!(
+        "INSERT INTO booking_expiration_outbox \
+            (event_id, topic, message_key, payload, headers, correlation_id, tenant_id, \
+             created_at, published_at, replay_id) \
+         VALUES ('{EVENT}', 't', 'k', '\\x01', '{{\"ce_id\": \"{EVENT}\"}}', \
+                 gen_random_uuid(), gen_random_uuid(), now(), {published_at}, {replay_id})"
+    )
+}
+
+const EVENT: &str = "6c1f3b1e-9a52-4d0b-8c43-2f7e5d9a0b11";
+
+/// The `outbox_event_key` migration records the events of the rows already
+/// in the outbox (so republish finds an event that still waits, and a
+/// second original is refused), drops the outbox's own unique index, and
+/// its down brings that index back over the same rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts() {
+    let db = TestDb::new().await;
+    let mut harness = AsyncMigrationHarness::new(db.conn().await);
+    let reverted = harness
+        .revert_last_migration(MIGRATIONS)
+        .expect("the down migration runs")
+        .to_string();
+    assert_eq!(reverted, "20261208000001");
+    drop(harness);
+    // The original, published; a replay's copy, still waiting.
+    db.exec_sql(&earlier_release_row("NULL", "now()")).await;
+    db.exec_sql(&earlier_release_row("gen_random_uuid()", "NULL"))
+        .await;
+    let applied = db::migrate::run_migrations(&db.settings)
+        .await
+        .expect("the migration applies");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(
+        db.count(
+            "SELECT count(*) AS n FROM booking_expiration_outbox_event e \
+               JOIN booking_expiration_outbox o ON o.id = e.outbox_id \
+              WHERE e.event_id = o.event_id \
+                AND e.replay_id IS NOT DISTINCT FROM o.replay_id"
+        )
+        .await,
+        2
+    );
+    let indexes = names(&db, WORKER_INDEXES).await;
+    assert!(
+        !indexes
+            .iter()
+            .any(|i| i == "ux_booking_expiration_outbox_event_id_replay_id"),
+        "{indexes:?}"
+    );
+    // A second original of the event, recorded as the expiring statement
+    // records its rows, is refused.
+    let mut conn = db.conn().await;
+    let second = diesel::sql_query(format!(
+        "WITH queued AS ({} RETURNING id, event_id) \
+         INSERT INTO booking_expiration_outbox_event (event_id, replay_id, outbox_id) \
+         SELECT event_id, NULL, id FROM queued",
+        earlier_release_row("NULL", "NULL")
+    ))
+    .execute(&mut conn)
+    .await
+    .expect_err("a second original is refused");
+    assert!(
+        second
+            .to_string()
+            .contains("ux_booking_expiration_outbox_event"),
+        "{second}"
+    );
+    drop(conn);
+
+    let mut harness = AsyncMigrationHarness::new(db.conn().await);
+    harness
+        .revert_last_migration(MIGRATIONS)
+        .expect("the down migration runs over the rows");
+    drop(harness);
+    assert!(!exists(&db, "booking_expiration_outbox_event").await);
+    let indexes = names(&db, WORKER_INDEXES).await;
+    assert!(
+        indexes
+            .iter()
+            .any(|i| i == "ux_booking_expiration_outbox_event_id_replay_id"),
+        "{indexes:?}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        2
+    );
 }

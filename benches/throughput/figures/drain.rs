@@ -96,8 +96,8 @@ fn repetitions(rows: u64, quick: bool) -> usize {
 /// Diagnoses of the figure, none of them in the committed run: switched
 /// on by `BENCH_DRAIN_CHECKPOINT=1`, `BENCH_DRAIN_STATS=1` and
 /// `BENCH_DRAIN_FILLFACTOR` (the outbox's fill factor in the templates
-/// instead of the migrations') and `BENCH_DRAIN_DROP_INDEX` (indexes of the
-/// outbox the templates drop, comma-separated: what one costs the drain).
+/// instead of the migrations') and `BENCH_DRAIN_DROP_INDEX` (indexes the
+/// templates drop, comma-separated: what one costs the drain).
 #[derive(Debug, Clone, Default)]
 struct Diagnoses {
     /// Each drain starts from a checkpoint, and its CPU includes the one
@@ -224,13 +224,19 @@ async fn template(svc: &Services, rows: u64, topic: &str, diagnoses: &Diagnoses)
         let keys: Vec<String> = (0..n).map(|_| Uuid::new_v4().to_string()).collect();
         let hashes: Vec<i32> = keys.iter().map(|k| key_hash(k)).collect();
         let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![(i % 251) as u8; 180]).collect();
+        // Each row with its event record, as the expiring statement writes
+        // them.
         diesel::sql_query(
-            "INSERT INTO booking_expiration_outbox \
-               (event_id, topic, message_key, key_hash, partition_count, kafka_partition, payload, \
-                headers, correlation_id, tenant_id, created_at) \
-             SELECT gen_random_uuid(), $6, k, h, $4, h % $4, p, $5::json, gen_random_uuid(), \
-                    gen_random_uuid(), now() \
-               FROM unnest($1::text[], $2::int[], $3::bytea[]) AS u(k, h, p)",
+            "WITH queued AS (\
+               INSERT INTO booking_expiration_outbox \
+                 (event_id, topic, message_key, key_hash, partition_count, kafka_partition, \
+                  payload, headers, correlation_id, tenant_id, created_at) \
+               SELECT gen_random_uuid(), $6, k, h, $4, h % $4, p, $5::json, gen_random_uuid(), \
+                      gen_random_uuid(), now() \
+                 FROM unnest($1::text[], $2::int[], $3::bytea[]) AS u(k, h, p) \
+               RETURNING id, event_id) \
+             INSERT INTO booking_expiration_outbox_event (event_id, replay_id, outbox_id) \
+             SELECT event_id, NULL, id FROM queued",
         )
         .bind::<Array<Text>, _>(&keys)
         .bind::<Array<Integer>, _>(&hashes)
@@ -242,7 +248,7 @@ async fn template(svc: &Services, rows: u64, topic: &str, diagnoses: &Diagnoses)
         .await?;
         written += n;
     }
-    conn.batch_execute("VACUUM ANALYZE booking_expiration_outbox")
+    conn.batch_execute("VACUUM ANALYZE booking_expiration_outbox, booking_expiration_outbox_event")
         .await?;
     progress!(
         "drain: template of {rows} rows written in {:.1} s",

@@ -276,6 +276,14 @@ pub const VARIANTS: [Variant; 24] = [
 const REPLAY_INDEXES_DROPPED: &str = "DROP INDEX ix_booking_expiration_audit_id,
     ix_booking_expiration_audit_tenant_id_id, ix_booking_expiration_audit_at_id;";
 
+/// The outbox's own unique index on `(event_id, replay_id)`, as it was
+/// before the event records migration (`2026-12-08-000001`) moved it to
+/// `booking_expiration_outbox_event`. That table stays in every variant:
+/// the worker and the raw statement write an event record per outbox row.
+const EVENT_INDEX_ON_OUTBOX: &str =
+    "CREATE UNIQUE INDEX ux_booking_expiration_outbox_event_id_replay_id
+    ON booking_expiration_outbox (event_id, replay_id) NULLS NOT DISTINCT;";
+
 /// What the server did so far: the CPU time of its exited processes (the
 /// postmaster's `cutime + cstime`: a backend's time counts once it has
 /// exited) and the WAL position. CPU time barely depends on how busy the
@@ -507,7 +515,7 @@ pub async fn schema_cost(svc: &Services, set: &DueSet<'_>, quick: bool) -> Resul
             let i = (rep * 7 + k) % n;
             let v = &VARIANTS[i];
             let ddl = format!(
-                "{REPLAY_INDEXES_DROPPED}\n{BEFORE_LEAN_MIGRATION}\n{}",
+                "{REPLAY_INDEXES_DROPPED}\n{EVENT_INDEX_ON_OUTBOX}\n{BEFORE_LEAN_MIGRATION}\n{}",
                 v.ddl
             );
             let run = timed_run(svc, set, &ddl, v.side).await?;

@@ -179,6 +179,23 @@ impl TestDb {
             .await
     }
 
+    /// The outbox rows' event records (`booking_expiration_outbox_event`),
+    /// and how many of them name an outbox row that carries their event.
+    pub async fn event_records(&self) -> (i64, i64) {
+        let records = self
+            .count("SELECT count(*) AS n FROM booking_expiration_outbox_event")
+            .await;
+        let matched = self
+            .count(
+                "SELECT count(*) AS n FROM booking_expiration_outbox_event e \
+                   JOIN booking_expiration_outbox o ON o.id = e.outbox_id \
+                  WHERE o.event_id = e.event_id \
+                    AND o.replay_id IS NOT DISTINCT FROM e.replay_id",
+            )
+            .await;
+        (records, matched)
+    }
+
     /// The outbox's keys, oldest first.
     pub async fn outbox_keys(&self) -> Vec<String> {
         self.names("SELECT message_key AS name FROM booking_expiration_outbox ORDER BY id")
