@@ -552,12 +552,17 @@ pub async fn release(
     Ok(released)
 }
 
-/// Notifies the insert trigger's channel, delivered at the commit: rows
-/// came back for any claim (released, put back from the parked ones), so
-/// the publishers wake at once rather than at their next poll, and look
-/// behind their scans.
+/// The channel the publishers listen on: the insert trigger
+/// (`booking_expiration_outbox_notify()`, in the migrations) notifies it
+/// when rows commit, and [`notify_publishers`] when rows come back.
+pub const CHANNEL: &str = "booking_expiration_outbox";
+
+/// Notifies [`CHANNEL`], delivered at the commit: rows came back for any
+/// claim (released, put back from the parked ones), so the publishers wake
+/// at once rather than at their next poll, and look behind their scans.
 async fn notify_publishers(conn: &mut AsyncPgConnection) -> Result<(), DbError> {
-    diesel::sql_query("SELECT pg_notify('booking_expiration_outbox', '')")
+    diesel::sql_query("SELECT pg_notify($1, '')")
+        .bind::<Text, _>(CHANNEL)
         .execute(conn)
         .await?;
     Ok(())

@@ -9,10 +9,12 @@ use futures_util::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::{backoff::Backoff, config::DatabaseSettings, db, telemetry::ErrorChain};
-
-/// The channel `booking_expiration_outbox_notify()` notifies.
-pub const CHANNEL: &str = "booking_expiration_outbox";
+use crate::{
+    backoff::Backoff,
+    config::DatabaseSettings,
+    db::{self, outbox::CHANNEL},
+    telemetry::ErrorChain,
+};
 /// How often the idle LISTEN connection is checked.
 const PING_INTERVAL: Duration = Duration::from_secs(15);
 
