@@ -88,7 +88,10 @@ pub const GRANTS: &[Grant] = &[
         table: "booking_expiration_outbox",
         privilege: "SELECT",
         columns: &[],
+        // An expiry's insert returns the new rows' ids and event ids
+        // (`RETURNING` needs SELECT on what it names).
         needed_by: &[
+            Use::Expire,
             Use::Publish,
             Use::Lag,
             Use::Status,
@@ -315,6 +318,7 @@ mod tests {
                 "UPDATE bookings",
                 "INSERT booking_expiration_audit",
                 "INSERT booking_expiration_outbox",
+                "SELECT booking_expiration_outbox",
                 "INSERT booking_expiration_outbox_event",
                 "SELECT booking_expiration_topic_layout"
             ]

@@ -13,7 +13,7 @@
 //! so the rows between the two ids are the window's, but for the few that
 //! straddle its edges.
 
-use std::sync::LazyLock;
+use std::{collections::HashSet, sync::LazyLock};
 
 use chrono::{DateTime, Utc};
 use diesel::{
@@ -355,7 +355,11 @@ struct Enqueued {
 }
 
 /// Writes the replay's outbox rows (see [`ENQUEUE_SQL`]); the insert
-/// trigger wakes the publishers at commit.
+/// trigger wakes the publishers at commit. A page may name one event twice
+/// (two audit records of a booking written before records kept their
+/// version both take the booking's, so they name the same event): only the
+/// first is written, and the second is not enqueued, as one already
+/// enqueued by this replay is not.
 pub async fn enqueue(
     conn: &mut AsyncPgConnection,
     topic: &str,
@@ -363,12 +367,17 @@ pub async fn enqueue(
     replay_id: Uuid,
     writes: &[ReplayWrite],
 ) -> Result<Vec<Uuid>, DbError> {
+    let mut seen = HashSet::with_capacity(writes.len());
+    let writes: Vec<&ReplayWrite> = writes
+        .iter()
+        .filter(|w| seen.insert(w.message.event_id))
+        .collect();
     if writes.is_empty() {
         return Ok(Vec::new());
     }
     let correlation_ids: Vec<Uuid> = writes.iter().map(|w| w.correlation_id).collect();
     let mut messages = MessageColumns::with_capacity(writes.len());
-    for write in writes {
+    for write in &writes {
         messages.push(&write.message);
     }
     let query = diesel::sql_query(ENQUEUE_SQL.as_str())

@@ -793,3 +793,49 @@ async fn a_replay_page_reads_about_what_it_returns_however_long_the_trail() {
         "the trail is large: {table_pages} pages"
     );
 }
+
+/// Two audit records of one booking written before records kept their
+/// version both take the booking's version, so they name one event: the
+/// replay writes it once and counts the second as not enqueued, instead of
+/// failing its batch on the event's unique record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_audit_records_of_one_event_enqueue_it_once() {
+    let db = TestDb::new().await;
+    let tenant = Uuid::new_v4();
+    db.exec_sql(&format!(
+        "WITH b AS (
+             INSERT INTO bookings (id, tenant_id, deal_id, property_object_id, status,
+                                   reserve_expires_at, expired_at, version)
+             VALUES (gen_random_uuid(), '{tenant}', gen_random_uuid(), gen_random_uuid(),
+                     'ReserveExpired', '{at}'::timestamptz - interval '1 minute', '{at}', 3)
+             RETURNING id, tenant_id, expired_at)
+         INSERT INTO booking_expiration_audit
+                (booking_id, tenant_id, from_status, to_status, actor, correlation_id, at)
+         SELECT id, tenant_id, 'Reserved', 'ReserveExpired', 'system', gen_random_uuid(),
+                expired_at - make_interval(secs => g)
+           FROM b, generate_series(0, 1) AS g",
+        at = t0().to_rfc3339()
+    ))
+    .await;
+    let (stdout, _) = republish(&db, "replay-dup", &["--tenant", &tenant.to_string()]);
+    let report = json(stdout.last().expect("the report"));
+    assert_eq!(
+        (
+            report["selected"].as_u64(),
+            report["enqueued"].as_u64(),
+            report["skipped_pending"].as_u64()
+        ),
+        (Some(2), Some(1), Some(1)),
+        "{report}"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
+            .await,
+        1
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox_event")
+            .await,
+        1
+    );
+}

@@ -25,7 +25,9 @@ use diesel::{
     QueryableByName,
     sql_types::{BigInt, Text},
 };
-use diesel_async::{AsyncConnection, AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{
+    AsyncConnection, AsyncMigrationHarness, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection,
+};
 use diesel_migrations::MigrationHarness;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -477,7 +479,9 @@ const EVENT: &str = "6c1f3b1e-9a52-4d0b-8c43-2f7e5d9a0b11";
 /// The `outbox_event_key` migration records the events of the rows already
 /// in the outbox (so republish finds an event that still waits, and a
 /// second original is refused), drops the outbox's own unique index, and
-/// its down brings that index back over the same rows.
+/// its down brings that index back over the same rows; the runbook's
+/// clean-up after a rolling upgrade records the rows the earlier release
+/// wrote without one and removes records whose rows are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts() {
     let db = TestDb::new().await;
@@ -513,6 +517,36 @@ async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts()
             .any(|i| i == "ux_booking_expiration_outbox_event_id_replay_id"),
         "{indexes:?}"
     );
+    // The runbook's clean-up after a rolling upgrade: a row the earlier
+    // release wrote after the copy gets its record, and a record whose row
+    // its retention deleted goes.
+    db.exec_sql(&earlier_release_row("gen_random_uuid()", "NULL"))
+        .await;
+    db.exec_sql(
+        "INSERT INTO booking_expiration_outbox_event (event_id, replay_id, outbox_id) \
+         VALUES (gen_random_uuid(), NULL, -1)",
+    )
+    .await;
+    db.conn()
+        .await
+        .batch_execute(runbook_sql("run this once; it gives every"))
+        .await
+        .expect("the runbook's clean-up runs");
+    assert_eq!(
+        db.count(
+            "SELECT count(*) AS n FROM booking_expiration_outbox_event e \
+               JOIN booking_expiration_outbox o ON o.id = e.outbox_id \
+              WHERE e.event_id = o.event_id \
+                AND e.replay_id IS NOT DISTINCT FROM o.replay_id"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        db.count("SELECT count(*) AS n FROM booking_expiration_outbox_event")
+            .await,
+        3
+    );
     // A second original of the event, recorded as the expiring statement
     // records its rows, is refused.
     let mut conn = db.conn().await;
@@ -528,7 +562,7 @@ async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts()
     assert!(
         second
             .to_string()
-            .contains("ux_booking_expiration_outbox_event"),
+            .contains("\"ux_booking_expiration_outbox_event\""),
         "{second}"
     );
     drop(conn);
@@ -549,6 +583,17 @@ async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts()
     assert_eq!(
         db.count("SELECT count(*) AS n FROM booking_expiration_outbox")
             .await,
-        2
+        3
     );
+}
+
+/// The first ```` ```sql ```` block of docs/runbooks/migrations.md after
+/// the line holding `after`.
+fn runbook_sql(after: &str) -> &'static str {
+    const RUNBOOK: &str = include_str!("../../docs/runbooks/migrations.md");
+    let from = RUNBOOK.find(after).expect("the runbook's sentence");
+    let block = &RUNBOOK[from..];
+    let start = block.find("```sql\n").expect("an sql block") + "```sql\n".len();
+    let end = block[start..].find("```").expect("the block's end");
+    &block[start..start + end]
 }
