@@ -500,16 +500,7 @@ async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts()
         .await
         .expect("the migration applies");
     assert_eq!(applied.len(), 1, "{applied:?}");
-    assert_eq!(
-        db.count(
-            "SELECT count(*) AS n FROM booking_expiration_outbox_event e \
-               JOIN booking_expiration_outbox o ON o.id = e.outbox_id \
-              WHERE e.event_id = o.event_id \
-                AND e.replay_id IS NOT DISTINCT FROM o.replay_id"
-        )
-        .await,
-        2
-    );
+    assert_eq!(db.event_records().await, (2, 2));
     let indexes = names(&db, WORKER_INDEXES).await;
     assert!(
         !indexes
@@ -532,21 +523,7 @@ async fn the_outbox_event_migration_records_the_rows_already_there_and_reverts()
         .batch_execute(runbook_sql("run this once; it gives every"))
         .await
         .expect("the runbook's clean-up runs");
-    assert_eq!(
-        db.count(
-            "SELECT count(*) AS n FROM booking_expiration_outbox_event e \
-               JOIN booking_expiration_outbox o ON o.id = e.outbox_id \
-              WHERE e.event_id = o.event_id \
-                AND e.replay_id IS NOT DISTINCT FROM o.replay_id"
-        )
-        .await,
-        3
-    );
-    assert_eq!(
-        db.count("SELECT count(*) AS n FROM booking_expiration_outbox_event")
-            .await,
-        3
-    );
+    assert_eq!(db.event_records().await, (3, 3));
     // A second original of the event, recorded as the expiring statement
     // records its rows, is refused.
     let mut conn = db.conn().await;
