@@ -369,9 +369,10 @@ pub struct ExpiryWrite {
 }
 
 /// The transitions, their audit rows and their outbox rows (with their
-/// event records, [`outbox::record_events_sql`]) in one statement. Each update is conditioned on the version and status that
-/// were read, so a row changed by anyone else since is left alone and gets
-/// neither audit nor outbox row. Returns the ids actually expired.
+/// event records, [`outbox::record_events_sql`]) in one statement. Each
+/// update is conditioned on the version and status that were read, so a
+/// row changed by anyone else since is left alone and gets neither audit
+/// nor outbox row. Returns the ids actually expired.
 /// Parameters in order: `$1`-`$7` the per-booking arrays, in the order of
 /// `t(…)`, `$8`-`$13` the messages' arrays ([`MessageColumns`]); then
 /// `$14` as_of, `$15` actor, `$16` run id, `$17` topic, `$18` written_at,
