@@ -18,7 +18,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::{
-    DbError,
+    Count, DbError,
     outbox::{self, MessageColumns, OutboxValues},
 };
 use crate::{
@@ -231,12 +231,6 @@ pub async fn lock_due(
         .bind::<BigInt, _>(i64::from(limit))
         .load(conn)
         .await?)
-}
-
-#[derive(QueryableByName)]
-struct Count {
-    #[diesel(sql_type = BigInt)]
-    count: i64,
 }
 
 /// Due rows of `phase` after `after` other than `exclude`. Run in the

@@ -23,6 +23,13 @@ pub use pool::{PgPool, PooledConnection, build_pool, connect_pool, establish, pi
 
 use std::time::Duration;
 
+/// A statement's one `count` column (`… AS count`).
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    count: i64,
+}
+
 /// Errors of the persistence layer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

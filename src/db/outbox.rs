@@ -32,7 +32,7 @@ use diesel::{
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::DbError;
+use super::{Count, DbError};
 use crate::{
     events::{Headers, OutboxMessage},
     handoff::{LeaseOwner, LeasedRow},
@@ -102,7 +102,7 @@ pub(crate) fn event_waiting_sql(event_id: &str) -> String {
 
 /// `WITH gone AS ({delete} RETURNING id, event_id)`, the event records of
 /// the deleted rows deleted with them, and the number of outbox rows
-/// deleted as `n`. The records are found by the arrays of the deleted
+/// deleted as `count`. The records are found by the arrays of the deleted
 /// rows' event ids (through the unique index) and ids: a join with `gone`
 /// would leave the plan to a guess of its size, and a generic plan's guess
 /// hashes the whole records table.
@@ -112,20 +112,8 @@ fn delete_with_events_sql(delete: &str) -> String {
               forgotten AS (DELETE FROM booking_expiration_outbox_event e \
                              WHERE e.event_id = ANY(ARRAY(SELECT event_id FROM gone)) \
                                AND e.outbox_id = ANY(ARRAY(SELECT id FROM gone))) \
-         SELECT count(*) AS n FROM gone"
+         SELECT count(*) AS count FROM gone"
     )
-}
-
-#[derive(QueryableByName)]
-struct Deleted {
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-impl Deleted {
-    fn count(self) -> usize {
-        usize::try_from(self.n).unwrap_or(0)
-    }
 }
 
 /// The value expressions of [`insert_sql`]: `message` is the alias of a row
@@ -748,12 +736,12 @@ pub async fn delete_rows(
             "DELETE FROM booking_expiration_outbox WHERE id = ANY($1) AND claimed_by = $2",
         )
     });
-    let deleted: Deleted = diesel::sql_query(SQL.as_str())
+    let deleted: Count = diesel::sql_query(SQL.as_str())
         .bind::<Array<BigInt>, _>(ids)
         .bind::<SqlUuid, _>(owner.0)
         .get_result(conn)
         .await?;
-    Ok(deleted.count())
+    Ok(usize::try_from(deleted.count).unwrap_or(0))
 }
 
 /// Deletes up to `limit` rows published before `cutoff` with their event
@@ -771,12 +759,12 @@ pub async fn delete_published_before(
                  LIMIT $2 FOR UPDATE SKIP LOCKED)",
         )
     });
-    let deleted: Deleted = diesel::sql_query(SQL.as_str())
+    let deleted: Count = diesel::sql_query(SQL.as_str())
         .bind::<Timestamptz, _>(cutoff)
         .bind::<BigInt, _>(i64::from(limit))
         .get_result(conn)
         .await?;
-    Ok(deleted.count())
+    Ok(usize::try_from(deleted.count).unwrap_or(0))
 }
 
 /// The outbox lag. Parked rows are counted apart: they wait for an
