@@ -22,11 +22,12 @@ CREATE TABLE booking_expiration_outbox_event (
 );
 
 -- The rows already in the outbox. Rows an instance of the earlier release
--- writes after this (it does not know this table) get none: for them the
--- uniqueness rests on the expiring statement alone (one transition per
--- booking version), and republish may enqueue such an event while it is
--- still waiting (a duplicate with the same ce_id), only for rows written
--- during the rollout.
+-- writes after this (it does not know this table) get none: until they do,
+-- the uniqueness of their events rests on the expiring statement alone
+-- (one transition per booking version), and republish may enqueue such an
+-- event while its row still waits (a duplicate with the same ce_id). The
+-- runbook (docs/runbooks/migrations.md) gives the clean-up to run once the
+-- rollout is done, which records them.
 INSERT INTO booking_expiration_outbox_event (event_id, replay_id, outbox_id)
 SELECT event_id, replay_id, id FROM booking_expiration_outbox;
 
